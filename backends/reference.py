@@ -1,0 +1,130 @@
+"""The pure-PyTorch reference backend: the oracle for every other backend.
+
+Written for clarity, not speed: one expert at a time, float32 arithmetic, on
+any device torch runs on. Two keys, one per quant info:
+
+- ``REFERENCE_DENSE`` runs unquantized (fp32/bf16/fp16) expert weights;
+- ``REFERENCE_NVFP4`` runs NVFP4 W4A4 the way the FP4 kernels do: each
+  GEMM's input is quantized to NVFP4 with its scalar global input scale
+  (16-element E4M3 blocks) and multiplied with the dequantized FP4 weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from moe_core import (
+    Activation,
+    Availability,
+    BackendKey,
+    DenseMoeWeights,
+    DispatchFormat,
+    DispatchOutput,
+    MoeRunnerConfig,
+    Nvfp4MoeWeights,
+    Nvfp4Tensor,
+    QuantInfo,
+    QuantizeGlobalScale,
+    check_run_inputs,
+    register_backend,
+)
+
+ExpertMlp = Callable[[int, torch.Tensor], torch.Tensor]
+"""``(local expert index, float32 tokens [n, H]) -> float32 [n, H]``."""
+
+
+def gated_activation(gate_up: torch.Tensor, activation: Activation) -> torch.Tensor:
+    """``act(gate) * up`` for ``gate_up = [gate | up]`` along the last dim."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    if activation is Activation.SILU_GATED:
+        return F.silu(gate) * up
+    return F.gelu(gate) * up
+
+
+def fake_quantize_nvfp4(x: torch.Tensor, global_scale: QuantizeGlobalScale) -> torch.Tensor:
+    """``x`` after an NVFP4 round trip with ``global_scale``, as float32."""
+    return Nvfp4Tensor.quantize(x, global_scale).dequantize()
+
+
+def run_experts(
+    config: MoeRunnerConfig, dispatch: DispatchOutput, quant_info: QuantInfo, expert_mlp: ExpertMlp
+) -> torch.Tensor:
+    """Sum each token's local experts' outputs, weighted by top-k and the scaling factor."""
+    check_run_inputs(config, dispatch, quant_info, (DispatchFormat.STANDARD,))
+    hidden = dispatch.hidden_states
+    ids, weights = dispatch.topk.topk_ids, dispatch.topk.topk_weights
+    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    for local in range(config.num_local_experts):
+        tokens, slots = torch.nonzero(ids == config.local_expert_offset + local, as_tuple=True)
+        if tokens.numel() == 0:
+            continue
+        y = expert_mlp(local, hidden[tokens].to(torch.float32))
+        out.index_add_(0, tokens, y * weights[tokens, slots].unsqueeze(-1))
+    return (out * config.routed_scaling_factor).to(hidden.dtype)
+
+
+@attrs.frozen
+class ReferenceDenseRunner:
+    """Runs unquantized experts in float32."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights) -> torch.Tensor:
+        """The ``[T, H]`` MoE output."""
+
+        def mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
+            h = x @ quant_info.w13[expert].to(torch.float32).T
+            return gated_activation(h, self.config.activation) @ quant_info.w2[expert].to(torch.float32).T
+
+        return run_experts(self.config, dispatch, quant_info, mlp)
+
+
+@attrs.frozen
+class ReferenceNvfp4Runner:
+    """Runs NVFP4 W4A4 experts: FP4 activations and weights, float32 accumulation."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: Nvfp4MoeWeights) -> torch.Tensor:
+        """The ``[T, H]`` MoE output."""
+
+        def mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
+            x_q = fake_quantize_nvfp4(x, quant_info.w13_input_scale)
+            h = gated_activation(x_q @ quant_info.w13.dequantize_expert(expert).T, self.config.activation)
+            h_q = fake_quantize_nvfp4(h, quant_info.w2_input_scale)
+            return h_q @ quant_info.w2.dequantize_expert(expert).T
+
+        return run_experts(self.config, dispatch, quant_info, mlp)
+
+
+def reference_availability(device: torch.device) -> Availability:
+    """Available wherever torch can allocate a tensor."""
+    try:
+        torch.empty(1, device=device)
+    except (RuntimeError, AssertionError) as error:
+        return Availability.unavailable(f"torch cannot allocate on {device}: {error}")
+    return Availability.available()
+
+
+def _nvfp4_as_is(weights: Nvfp4MoeWeights) -> Nvfp4MoeWeights:
+    return weights
+
+
+REFERENCE_DENSE: BackendKey[DenseMoeWeights] = register_backend(
+    "reference-dense",
+    description="PyTorch, unquantized weights, float32 math",
+    factory=ReferenceDenseRunner,
+    availability=reference_availability,
+)
+
+REFERENCE_NVFP4: BackendKey[Nvfp4MoeWeights] = register_backend(
+    "reference-nvfp4",
+    description="PyTorch, NVFP4 W4A4 (FP4 activations), float32 math",
+    factory=ReferenceNvfp4Runner,
+    availability=reference_availability,
+    from_nvfp4=_nvfp4_as_is,
+)

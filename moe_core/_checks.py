@@ -1,0 +1,74 @@
+"""Argument checks shared by the constructors of moe-core's frozen types.
+
+Every check raises with the argument's name and what was expected, so a bad
+checkpoint or a wiring mistake is reported where the object is built, once,
+and never surfaces later as a silently wrong result on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def require_tensor(name: str, value: object) -> torch.Tensor:
+    """Return ``value`` if it is a tensor, else raise ``TypeError`` naming ``name``."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def require_dtype(name: str, tensor: torch.Tensor, allowed: Sequence[torch.dtype]) -> None:
+    """Raise ``TypeError`` unless ``tensor.dtype`` is one of ``allowed``."""
+    if tensor.dtype not in allowed:
+        wanted = " or ".join(str(d) for d in allowed)
+        raise TypeError(f"{name}: expected dtype {wanted}, got {tensor.dtype}")
+
+
+def require_ndim(name: str, tensor: torch.Tensor, ndim: int, layout: str) -> None:
+    """Raise ``ValueError`` unless ``tensor`` has ``ndim`` dims; ``layout`` names them."""
+    if tensor.dim() != ndim:
+        raise ValueError(
+            f"{name}: expected a {ndim}-d tensor {layout}, got shape {tuple(tensor.shape)}"
+        )
+
+
+def require_shape(name: str, tensor: torch.Tensor, shape: Sequence[int], layout: str) -> None:
+    """Raise ``ValueError`` unless ``tensor.shape == shape``; ``layout`` names the dims."""
+    if tuple(tensor.shape) != tuple(shape):
+        raise ValueError(
+            f"{name}: expected shape {tuple(shape)} {layout}, got {tuple(tensor.shape)}"
+        )
+
+
+def require_same_device(names_and_tensors: Sequence[tuple[str, torch.Tensor]]) -> torch.device:
+    """Return the one device all tensors live on, else raise ``ValueError`` listing them."""
+    devices = {tensor.device for _, tensor in names_and_tensors}
+    if len(devices) != 1:
+        listing = ", ".join(f"{name} on {tensor.device}" for name, tensor in names_and_tensors)
+        raise ValueError(f"expected all tensors on one device, got {listing}")
+    return devices.pop()
+
+
+def require_finite(name: str, tensor: torch.Tensor) -> None:
+    """Raise ``ValueError`` if ``tensor`` holds a NaN or an infinity."""
+    if not bool(torch.isfinite(tensor.float()).all()):
+        raise ValueError(f"{name}: expected finite values, found NaN or infinity")
+
+
+def require_positive(name: str, tensor: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless every value of ``tensor`` is finite and > 0."""
+    require_finite(name, tensor)
+    if not bool((tensor > 0).all()):
+        raise ValueError(f"{name}: expected values > 0, got minimum {float(tensor.min())}")
+
+
+def require_positive_int(name: str, value: int) -> None:
+    """Raise ``ValueError`` unless ``value`` is an ``int`` (not ``bool``) above zero."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name}: expected a positive int, got {value}")

@@ -1,0 +1,116 @@
+"""FP8 E4M3 block scales of NVFP4 tensors, with their memory layout in their type.
+
+Checkpoints store one scale per 16 elements row-major (:class:`LinearBlockScales`);
+the Blackwell block-scaled GEMMs (CUTLASS, TRT-LLM-gen) read them in the 128x4
+tiled layout (:class:`SwizzledBlockScales`). A kernel's quant info names the one
+it needs, so passing linear scales to a kernel that reads swizzled ones is a
+type error rather than a garbage result.
+
+The 128x4 layout: the scale matrix ``[rows, blocks]`` is padded with zeros to
+``[ceil(rows/128)*128, ceil(blocks/4)*4]`` and cut into 128x4 tiles stored tile
+after tile (row tiles outer, block tiles inner); within a tile, scale ``(m, k)``
+sits at ``(m % 32) * 16 + (m // 32) * 4 + k``: 512 bytes a tile.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from moe_core._checks import require_dtype, require_tensor
+
+SWIZZLE_ROWS = 128
+"""Rows of scales in one 128x4 tile."""
+SWIZZLE_BLOCKS = 4
+"""Scale columns (blocks of 16 elements) in one 128x4 tile."""
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _check_scale_values(name: str, data: torch.Tensor) -> None:
+    require_tensor(name, data)
+    require_dtype(name, data, (torch.float8_e4m3fn,))
+    if data.dim() < 2:
+        raise ValueError(f"{name}: expected a tensor [..., rows, blocks], got shape {tuple(data.shape)}")
+    as_float = data.float()
+    if bool(torch.isnan(as_float).any()):
+        raise ValueError(f"{name}: expected no NaN scales (E4M3 code 0x7f/0xff), found some")
+    if bool((as_float < 0).any()):
+        raise ValueError(f"{name}: expected scales >= 0, found negative ones")
+
+
+@attrs.frozen
+class LinearBlockScales:
+    """Row-major E4M3 scales ``[..., rows, cols / 16]``, one per 16 elements of a row."""
+
+    data: torch.Tensor
+
+    def __attrs_post_init__(self) -> None:
+        _check_scale_values("LinearBlockScales.data", self.data)
+
+    @property
+    def rows(self) -> int:
+        """Rows of the scaled tensor."""
+        return int(self.data.shape[-2])
+
+    @property
+    def blocks(self) -> int:
+        """Blocks of 16 elements per row."""
+        return int(self.data.shape[-1])
+
+    def swizzle(self) -> SwizzledBlockScales:
+        """The same scales in the 128x4 tiled layout (padding filled with zeros)."""
+        *batch, rows, blocks = self.data.shape
+        padded_rows = _round_up(rows, SWIZZLE_ROWS)
+        padded_blocks = _round_up(blocks, SWIZZLE_BLOCKS)
+        padded = torch.zeros(
+            (*batch, padded_rows, padded_blocks), dtype=torch.uint8, device=self.data.device
+        )
+        padded[..., :rows, :blocks] = self.data.view(torch.uint8)
+        tiles = padded.reshape(
+            *batch, padded_rows // SWIZZLE_ROWS, 4, 32, padded_blocks // SWIZZLE_BLOCKS, SWIZZLE_BLOCKS
+        )
+        nb = len(batch)
+        order = (*range(nb), nb, nb + 3, nb + 2, nb + 1, nb + 4)
+        swizzled = tiles.permute(order).reshape(*batch, padded_rows, padded_blocks)
+        return SwizzledBlockScales(swizzled.contiguous().view(torch.float8_e4m3fn), rows=rows, blocks=blocks)
+
+
+@attrs.frozen
+class SwizzledBlockScales:
+    """E4M3 scales in the 128x4 tiled layout, ``[..., padded_rows, padded_blocks]``.
+
+    The tensor's bytes are in tile order, so its two last dims are only its
+    padded extent; ``rows`` and ``blocks`` keep the logical scale matrix size.
+    """
+
+    data: torch.Tensor
+    rows: int
+    blocks: int
+
+    def __attrs_post_init__(self) -> None:
+        _check_scale_values("SwizzledBlockScales.data", self.data)
+        *_, padded_rows, padded_blocks = self.data.shape
+        if padded_rows != _round_up(self.rows, SWIZZLE_ROWS) or padded_blocks != _round_up(
+            self.blocks, SWIZZLE_BLOCKS
+        ):
+            raise ValueError(
+                f"SwizzledBlockScales.data: expected last dims "
+                f"({_round_up(self.rows, SWIZZLE_ROWS)}, {_round_up(self.blocks, SWIZZLE_BLOCKS)}) "
+                f"for rows={self.rows}, blocks={self.blocks}, got ({padded_rows}, {padded_blocks})"
+            )
+        if self.rows <= 0 or self.blocks <= 0:
+            raise ValueError(f"SwizzledBlockScales: expected rows, blocks > 0, got {self.rows}, {self.blocks}")
+
+    def unswizzle(self) -> LinearBlockScales:
+        """The same scales row-major, padding dropped."""
+        *batch, padded_rows, padded_blocks = self.data.shape
+        tiles = self.data.view(torch.uint8).reshape(
+            *batch, padded_rows // SWIZZLE_ROWS, padded_blocks // SWIZZLE_BLOCKS, 32, 4, SWIZZLE_BLOCKS
+        )
+        nb = len(batch)
+        order = (*range(nb), nb, nb + 3, nb + 2, nb + 1, nb + 4)
+        linear = tiles.permute(order).reshape(*batch, padded_rows, padded_blocks)
+        return LinearBlockScales(linear[..., : self.rows, : self.blocks].contiguous().view(torch.float8_e4m3fn))

@@ -1,0 +1,120 @@
+"""What a runner receives for one forward: tokens and their routing."""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol
+
+import attrs
+import torch
+
+from moe_core._checks import (
+    FLOAT_DTYPES,
+    require_dtype,
+    require_ndim,
+    require_same_device,
+    require_shape,
+    require_tensor,
+)
+
+
+class DispatchFormat(enum.Enum):
+    """How tokens are laid out when they reach the runner."""
+
+    STANDARD = "standard"
+    """All of this rank's tokens, unpermuted, with their global top-k routing."""
+
+
+@attrs.frozen
+class TopKOutput:
+    """The router's choice for each token.
+
+    ``topk_ids`` are global expert ids (int32 ``[T, K]``), ``topk_weights`` their
+    float32 weights; ``router_logits`` (``[T, E]``) is kept for kernels that
+    route internally.
+    """
+
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor
+    router_logits: torch.Tensor | None = None
+
+    def __attrs_post_init__(self) -> None:
+        require_tensor("topk_ids", self.topk_ids)
+        require_tensor("topk_weights", self.topk_weights)
+        require_dtype("topk_ids", self.topk_ids, (torch.int32,))
+        require_ndim("topk_ids", self.topk_ids, 2, "[num_tokens, top_k]")
+        require_dtype("topk_weights", self.topk_weights, (torch.float32,))
+        require_shape("topk_weights", self.topk_weights, self.topk_ids.shape, "like topk_ids [num_tokens, top_k]")
+        tensors = [("topk_ids", self.topk_ids), ("topk_weights", self.topk_weights)]
+        if self.topk_ids.numel() and int(self.topk_ids.min()) < 0:
+            raise ValueError(f"topk_ids: expected ids >= 0, got {int(self.topk_ids.min())}")
+        if self.router_logits is not None:
+            logits = require_tensor("router_logits", self.router_logits)
+            require_ndim("router_logits", logits, 2, "[num_tokens, num_experts]")
+            require_dtype("router_logits", logits, FLOAT_DTYPES)
+            if logits.shape[0] != self.num_tokens:
+                raise ValueError(
+                    f"router_logits: expected {self.num_tokens} rows like topk_ids, got {logits.shape[0]}"
+                )
+            if self.topk_ids.numel() and int(self.topk_ids.max()) >= logits.shape[1]:
+                raise ValueError(
+                    f"topk_ids: expected ids < {logits.shape[1]} (router_logits columns), "
+                    f"got {int(self.topk_ids.max())}"
+                )
+            tensors.append(("router_logits", logits))
+        require_same_device(tensors)
+
+    @property
+    def num_tokens(self) -> int:
+        """T, the number of routed tokens."""
+        return int(self.topk_ids.shape[0])
+
+    @property
+    def top_k(self) -> int:
+        """K, the experts chosen per token."""
+        return int(self.topk_ids.shape[1])
+
+
+class DispatchOutput(Protocol):
+    """The input of :meth:`moe_core.Runner.run`: tokens, routing and their format."""
+
+    @property
+    def format(self) -> DispatchFormat:
+        """The token layout; a runner refuses formats it does not implement."""
+        ...
+
+    @property
+    def hidden_states(self) -> torch.Tensor:
+        """``[T, H]`` activations in bf16, fp16 or fp32."""
+        ...
+
+    @property
+    def topk(self) -> TopKOutput:
+        """The routing of each of the ``T`` tokens."""
+        ...
+
+
+@attrs.frozen
+class StandardDispatchOutput:
+    """Tokens in their original order with their top-k routing (no all-to-all)."""
+
+    hidden_states: torch.Tensor
+    topk: TopKOutput
+
+    def __attrs_post_init__(self) -> None:
+        require_tensor("hidden_states", self.hidden_states)
+        require_ndim("hidden_states", self.hidden_states, 2, "[num_tokens, hidden_size]")
+        require_dtype("hidden_states", self.hidden_states, FLOAT_DTYPES)
+        if not isinstance(self.topk, TopKOutput):
+            raise TypeError(f"topk: expected a TopKOutput, got {type(self.topk).__name__}")
+        if self.hidden_states.shape[0] != self.topk.num_tokens:
+            raise ValueError(
+                f"hidden_states: expected {self.topk.num_tokens} rows like topk_ids, "
+                f"got {self.hidden_states.shape[0]}"
+            )
+        require_same_device([("hidden_states", self.hidden_states), ("topk_ids", self.topk.topk_ids)])
+
+    @property
+    def format(self) -> DispatchFormat:
+        """Always :attr:`DispatchFormat.STANDARD`."""
+        return DispatchFormat.STANDARD

@@ -1,0 +1,132 @@
+"""moe-core's canonical expert weights: what a scheme holds after loading.
+
+These are the quant info of the reference backend, and the common source a
+kernel backend converts once into its own quant info (shuffled, swizzled,
+with precomputed alphas) through its key's ``from_nvfp4`` hook.
+
+Layout: ``w13`` is ``[E, 2 * I, H]`` with the gate rows first (w1, then w3),
+``w2`` is ``[E, H, I]``; both are ``out_features x in_features`` like
+``nn.Linear.weight``.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from moe_core._checks import FLOAT_DTYPES, require_dtype, require_ndim, require_same_device, require_tensor
+from moe_core.global_scales import QuantizeGlobalScale
+from moe_core.nvfp4 import Nvfp4ExpertWeights
+
+
+def _shape3(tensor: torch.Tensor) -> tuple[int, int, int]:
+    first, second, third = tensor.shape
+    return int(first), int(second), int(third)
+
+
+def _check_expert_shapes(cls_name: str, w13: tuple[int, int, int], w2: tuple[int, int, int]) -> None:
+    experts, two_i, hidden = w13
+    if two_i % 2:
+        raise ValueError(f"{cls_name}.w13: expected an even row count [gate | up], got {two_i}")
+    expected = (experts, hidden, two_i // 2)
+    if w2 != expected:
+        raise ValueError(
+            f"{cls_name}.w2: expected shape {expected} [num_experts, hidden_size, intermediate_size] "
+            f"to match w13 {w13}, got {w2}"
+        )
+
+
+@attrs.frozen
+class DenseMoeWeights:
+    """Unquantized expert weights in fp32, bf16 or fp16."""
+
+    w13: torch.Tensor
+    """``[E, 2 * I, H]``, gate rows then up rows."""
+    w2: torch.Tensor
+    """``[E, H, I]``."""
+
+    def __attrs_post_init__(self) -> None:
+        for name, tensor in (("DenseMoeWeights.w13", self.w13), ("DenseMoeWeights.w2", self.w2)):
+            require_tensor(name, tensor)
+            require_dtype(name, tensor, FLOAT_DTYPES)
+            require_ndim(name, tensor, 3, "[num_experts, out_features, in_features]")
+        if self.w13.dtype != self.w2.dtype:
+            raise TypeError(f"DenseMoeWeights.w2: expected dtype {self.w13.dtype} like w13, got {self.w2.dtype}")
+        _check_expert_shapes("DenseMoeWeights", _shape3(self.w13), _shape3(self.w2))
+        require_same_device([("w13", self.w13), ("w2", self.w2)])
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held (this rank's local experts)."""
+        return int(self.w13.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return int(self.w13.shape[2])
+
+    @property
+    def intermediate_size(self) -> int:
+        """I, per partition."""
+        return int(self.w2.shape[2])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.w13.device
+
+
+@attrs.frozen
+class Nvfp4MoeWeights:
+    """NVFP4 W4A4 expert weights with the static input scales of both GEMMs.
+
+    ``w13_input_scale`` quantizes the hidden states entering the first GEMM,
+    ``w2_input_scale`` the gated activation entering the second; each is the
+    one scalar the FP4 kernels take, not a per-expert tensor.
+    """
+
+    w13: Nvfp4ExpertWeights
+    w2: Nvfp4ExpertWeights
+    w13_input_scale: QuantizeGlobalScale
+    w2_input_scale: QuantizeGlobalScale
+
+    def __attrs_post_init__(self) -> None:
+        for name, weights in (("w13", self.w13), ("w2", self.w2)):
+            if not isinstance(weights, Nvfp4ExpertWeights):
+                raise TypeError(f"Nvfp4MoeWeights.{name}: expected Nvfp4ExpertWeights, got {type(weights).__name__}")
+        for name, scale in (("w13_input_scale", self.w13_input_scale), ("w2_input_scale", self.w2_input_scale)):
+            if not isinstance(scale, QuantizeGlobalScale):
+                raise TypeError(f"Nvfp4MoeWeights.{name}: expected QuantizeGlobalScale, got {type(scale).__name__}")
+        _check_expert_shapes("Nvfp4MoeWeights", self.w13.shape, self.w2.shape)
+        require_same_device(
+            [
+                ("w13", self.w13.packed),
+                ("w2", self.w2.packed),
+                ("w13_input_scale", self.w13_input_scale.value),
+                ("w2_input_scale", self.w2_input_scale.value),
+            ]
+        )
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held (this rank's local experts)."""
+        return self.w13.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return self.w13.shape[2]
+
+    @property
+    def intermediate_size(self) -> int:
+        """I, per partition."""
+        return self.w2.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.w13.packed.device
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> DenseMoeWeights:
+        """The dense weights the codes stand for (the input scales are dropped)."""
+        return DenseMoeWeights(self.w13.dequantize(dtype), self.w2.dequantize(dtype))

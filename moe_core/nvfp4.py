@@ -1,0 +1,229 @@
+"""NVFP4 numerics in plain PyTorch (CPU and GPU): quantize, pack, dequantize.
+
+The format, as compressed-tensors writes it and the Blackwell FP4 kernels read
+it: E2M1 codes (values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives), two a
+byte with the first element in the low nibble; one FP8 E4M3 scale per 16
+consecutive elements of a row; one FP32 quantize-side global scale ``g`` on top.
+
+Quantization of a block with largest magnitude ``amax``:
+``s = e4m3(g * amax / 6)``, ``code = e2m1_rne(clamp(x / (s / g), -6, 6))``.
+Dequantization: ``x = e2m1(code) * s / g``. Arithmetic is float32 throughout
+and follows compressed-tensors' operation order, so codes and scales match it
+bit for bit. Two deliberate differences: an all-zero block keeps the scale 0
+(compressed-tensors stores 0.125, a value the block never uses) and quantizes
+to code 0; and the input is upcast to float32 first (compressed-tensors
+divides in the input's dtype). The CUDA kernels multiply by an approximate
+reciprocal instead of dividing, so they may round a value lying within an ulp
+of a midpoint between codes the other way.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from moe_core._checks import (
+    FLOAT_DTYPES,
+    require_dtype,
+    require_finite,
+    require_same_device,
+    require_shape,
+    require_tensor,
+)
+from moe_core.block_scales import LinearBlockScales
+from moe_core.global_scales import E2M1_MAX, E4M3_MAX, ExpertQuantizeGlobalScales, QuantizeGlobalScale
+
+BLOCK_SIZE = 16
+"""Elements sharing one E4M3 block scale."""
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+"""Magnitudes of the E2M1 codes 0..7; bit 3 of a code is the sign."""
+
+_SIGN_BIT = 8
+# Midpoints between neighbouring E2M1 magnitudes, each with whether a tie there
+# rounds up: ties go to the code with an even mantissa (round half to even).
+_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+def encode_e2m1(values: torch.Tensor) -> torch.Tensor:
+    """Round float values to the nearest E2M1 code (ties to even, saturating at 6).
+
+    Returns uint8 codes in 0..15; negative values that round to zero lose their sign.
+    """
+    magnitude = values.abs()
+    codes = torch.zeros(values.shape, dtype=torch.uint8, device=values.device)
+    for midpoint, tie_up in _MIDPOINTS:
+        codes += (magnitude >= midpoint if tie_up else magnitude > midpoint).to(torch.uint8)
+    negative = (values < 0) & (codes > 0)
+    return codes | (negative.to(torch.uint8) * _SIGN_BIT)
+
+
+def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """The float32 values of uint8 E2M1 codes (0..15)."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
+    magnitude = table[(codes & 7).long()]
+    return torch.where((codes & _SIGN_BIT) != 0, -magnitude, magnitude)
+
+
+def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """Pack codes ``[..., 2n]`` into bytes ``[..., n]``, the first code in the low nibble."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"codes: expected an even last dim, got shape {tuple(codes.shape)}")
+    pairs = codes.reshape(*codes.shape[:-1], -1, 2)
+    return pairs[..., 0] | (pairs[..., 1] << 4)
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """Unpack bytes ``[..., n]`` into codes ``[..., 2n]`` (low nibble first)."""
+    return torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(*packed.shape[:-1], -1)
+
+
+def _as_blocks(x: torch.Tensor) -> torch.Tensor:
+    """View ``[..., cols]`` as ``[..., cols / 16, 16]``."""
+    return x.reshape(*x.shape[:-1], -1, BLOCK_SIZE)
+
+
+def _quantize_blocks(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed codes and E4M3 scales of ``x [..., rows, cols]``; ``global_scale`` broadcasts per row."""
+    blocks = _as_blocks(x.to(torch.float32))
+    gs = global_scale.reshape(*global_scale.shape, 1, 1)
+    amax = blocks.abs().amax(dim=-1)
+    scales = (gs * (amax / E2M1_MAX)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    block_scale = (scales.to(torch.float32) / gs).unsqueeze(-1)
+    scaled = torch.where(block_scale > 0, blocks / block_scale, blocks * 0.0)
+    codes = encode_e2m1(scaled.clamp(-E2M1_MAX, E2M1_MAX)).flatten(-2)
+    return pack_e2m1(codes), scales
+
+
+def _dequantize_blocks(packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    values = _as_blocks(decode_e2m1(unpack_e2m1(packed)))
+    gs = global_scale.reshape(*global_scale.shape, 1, 1)
+    block_scale = (scales.to(torch.float32) / gs).unsqueeze(-1)
+    return (values * block_scale).flatten(-2)
+
+
+def _check_float_input(name: str, x: torch.Tensor, ndim: int, layout: str) -> None:
+    require_tensor(name, x)
+    require_dtype(name, x, FLOAT_DTYPES)
+    if x.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-d tensor {layout}, got shape {tuple(x.shape)}")
+    if x.shape[-1] % BLOCK_SIZE:
+        raise ValueError(f"{name}: expected the last dim to be a multiple of {BLOCK_SIZE}, got {x.shape[-1]}")
+    require_finite(name, x)
+
+
+def _check_packed(cls_name: str, packed: torch.Tensor, scales: LinearBlockScales, ndim: int, layout: str) -> None:
+    require_tensor(f"{cls_name}.packed", packed)
+    require_dtype(f"{cls_name}.packed", packed, (torch.uint8,))
+    if packed.dim() != ndim:
+        raise ValueError(
+            f"{cls_name}.packed: expected a {ndim}-d tensor {layout}, got shape {tuple(packed.shape)}"
+        )
+    if not isinstance(scales, LinearBlockScales):
+        raise TypeError(f"{cls_name}.block_scales: expected LinearBlockScales, got {type(scales).__name__}")
+    if (2 * packed.shape[-1]) % BLOCK_SIZE:
+        raise ValueError(
+            f"{cls_name}.packed: expected {BLOCK_SIZE // 2}-byte multiples per row, got {packed.shape[-1]}"
+        )
+    expected = (*packed.shape[:-1], 2 * packed.shape[-1] // BLOCK_SIZE)
+    require_shape(f"{cls_name}.block_scales", scales.data, expected, "(one scale per 16 elements)")
+
+
+@attrs.frozen
+class Nvfp4Tensor:
+    """One NVFP4 matrix ``[rows, cols]`` with a scalar global scale (an activation)."""
+
+    packed: torch.Tensor
+    """uint8 ``[rows, cols / 2]``."""
+    block_scales: LinearBlockScales
+    """E4M3 ``[rows, cols / 16]``."""
+    global_scale: QuantizeGlobalScale
+
+    def __attrs_post_init__(self) -> None:
+        _check_packed("Nvfp4Tensor", self.packed, self.block_scales, 2, "[rows, cols / 2]")
+        if not isinstance(self.global_scale, QuantizeGlobalScale):
+            raise TypeError(
+                f"Nvfp4Tensor.global_scale: expected QuantizeGlobalScale, got {type(self.global_scale).__name__}"
+            )
+        require_same_device(
+            [
+                ("packed", self.packed),
+                ("block_scales", self.block_scales.data),
+                ("global_scale", self.global_scale.value),
+            ]
+        )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The logical ``(rows, cols)``."""
+        return int(self.packed.shape[0]), 2 * int(self.packed.shape[1])
+
+    @classmethod
+    def quantize(cls, x: torch.Tensor, global_scale: QuantizeGlobalScale) -> Nvfp4Tensor:
+        """Quantize a finite float matrix ``[rows, cols]`` (cols a multiple of 16)."""
+        _check_float_input("x", x, 2, "[rows, cols]")
+        packed, scales = _quantize_blocks(x, global_scale.value.to(x.device).reshape(()))
+        return cls(packed, LinearBlockScales(scales), global_scale.to(x.device))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The values the codes stand for, ``[rows, cols]`` in ``dtype``."""
+        gs = self.global_scale.value.reshape(())
+        return _dequantize_blocks(self.packed, self.block_scales.data, gs).to(dtype)
+
+
+@attrs.frozen
+class Nvfp4ExpertWeights:
+    """Stacked NVFP4 expert matrices ``[E, rows, cols]``, one global scale per expert."""
+
+    packed: torch.Tensor
+    """uint8 ``[E, rows, cols / 2]``."""
+    block_scales: LinearBlockScales
+    """E4M3 ``[E, rows, cols / 16]``."""
+    global_scales: ExpertQuantizeGlobalScales
+
+    def __attrs_post_init__(self) -> None:
+        _check_packed("Nvfp4ExpertWeights", self.packed, self.block_scales, 3, "[num_experts, rows, cols / 2]")
+        if not isinstance(self.global_scales, ExpertQuantizeGlobalScales):
+            raise TypeError(
+                "Nvfp4ExpertWeights.global_scales: expected ExpertQuantizeGlobalScales, "
+                f"got {type(self.global_scales).__name__}"
+            )
+        if self.global_scales.num_experts != self.packed.shape[0]:
+            raise ValueError(
+                f"Nvfp4ExpertWeights.global_scales: expected {self.packed.shape[0]} experts like packed, "
+                f"got {self.global_scales.num_experts}"
+            )
+        require_same_device(
+            [
+                ("packed", self.packed),
+                ("block_scales", self.block_scales.data),
+                ("global_scales", self.global_scales.value),
+            ]
+        )
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The logical ``(num_experts, rows, cols)``."""
+        experts, rows, half_cols = self.packed.shape
+        return int(experts), int(rows), 2 * int(half_cols)
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor, global_scales: ExpertQuantizeGlobalScales | None = None) -> Nvfp4ExpertWeights:
+        """Quantize finite float weights ``[E, rows, cols]`` (cols a multiple of 16).
+
+        Without ``global_scales``, each expert gets ``448 * 6 / amax`` of its own values.
+        """
+        _check_float_input("w", w, 3, "[num_experts, rows, cols]")
+        if global_scales is None:
+            global_scales = ExpertQuantizeGlobalScales.from_amax(w.detach().abs().amax(dim=(1, 2)))
+        packed, scales = _quantize_blocks(w, global_scales.value.to(w.device))
+        return cls(packed, LinearBlockScales(scales), global_scales.to(w.device))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The values the codes stand for, ``[E, rows, cols]`` in ``dtype``."""
+        return _dequantize_blocks(self.packed, self.block_scales.data, self.global_scales.value).to(dtype)
+
+    def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """One expert's matrix ``[rows, cols]`` in ``dtype``."""
+        gs = self.global_scales.value[expert]
+        return _dequantize_blocks(self.packed[expert], self.block_scales.data[expert], gs).to(dtype)

@@ -1,0 +1,92 @@
+"""The protocols a backend implements: its quant info and its runner."""
+
+from __future__ import annotations
+
+from typing import Protocol, TypeVar
+
+import torch
+
+from moe_core.config import MoeRunnerConfig
+from moe_core.dispatch import DispatchFormat, DispatchOutput
+
+
+class QuantInfo(Protocol):
+    """Everything a backend needs besides the tokens, built once after loading.
+
+    Each backend family has its own frozen class whose fields are exactly what
+    its kernels take; these four facts let any runner check it against its
+    config before it touches a kernel.
+    """
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held: the config's ``num_local_experts``."""
+        ...
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        ...
+
+    @property
+    def intermediate_size(self) -> int:
+        """I, per partition."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where the tensors live."""
+        ...
+
+
+QuantInfoT_contra = TypeVar("QuantInfoT_contra", bound=QuantInfo, contravariant=True)
+
+
+class Runner(Protocol[QuantInfoT_contra]):
+    """Runs one MoE layer's experts for a dispatch, with one backend's quant info.
+
+    ``Runner[Q]`` accepts only ``Q``: mypy rejects another backend's quant info.
+    """
+
+    @property
+    def config(self) -> MoeRunnerConfig:
+        """The layer this runner was created for."""
+        ...
+
+    def run(self, dispatch: DispatchOutput, quant_info: QuantInfoT_contra) -> torch.Tensor:
+        """The ``[T, H]`` output, in the dtype of ``dispatch.hidden_states``."""
+        ...
+
+
+def check_run_inputs(
+    config: MoeRunnerConfig, dispatch: DispatchOutput, quant_info: QuantInfo, formats: tuple[DispatchFormat, ...]
+) -> None:
+    """Raise ``ValueError`` unless ``dispatch`` and ``quant_info`` fit ``config``.
+
+    For backend authors: call it at the top of ``run``. It reads the top-k ids'
+    range, which synchronizes with the device once per call.
+    """
+    if dispatch.format not in formats:
+        wanted = ", ".join(f.value for f in formats)
+        raise ValueError(f"dispatch: expected format {wanted}, got {dispatch.format.value}")
+    expected = {
+        "num_experts": config.num_local_experts,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size_per_partition,
+    }
+    for name, value in expected.items():
+        actual = getattr(quant_info, name)
+        if actual != value:
+            raise ValueError(f"quant_info.{name}: expected {value} from the config, got {actual}")
+    hidden = dispatch.hidden_states
+    if hidden.shape[1] != config.hidden_size:
+        raise ValueError(f"hidden_states: expected {config.hidden_size} columns (hidden_size), got {hidden.shape[1]}")
+    if hidden.device != quant_info.device:
+        raise ValueError(f"hidden_states: expected device {quant_info.device} like the quant info, got {hidden.device}")
+    topk = dispatch.topk
+    if topk.top_k != config.top_k:
+        raise ValueError(f"topk_ids: expected {config.top_k} columns (top_k), got {topk.top_k}")
+    if topk.num_tokens and int(topk.topk_ids.max()) >= config.num_experts:
+        raise ValueError(
+            f"topk_ids: expected global ids < num_experts={config.num_experts}, got {int(topk.topk_ids.max())}"
+        )
