@@ -15,10 +15,8 @@ from collections.abc import Callable
 
 import attrs
 import torch
-import torch.nn.functional as F
 
 from moe_core import (
-    Activation,
     Availability,
     BackendKey,
     DenseMoeWeights,
@@ -35,14 +33,6 @@ from moe_core import (
 
 ExpertMlp = Callable[[int, torch.Tensor], torch.Tensor]
 """``(local expert index, float32 tokens [n, H]) -> float32 [n, H]``."""
-
-
-def gated_activation(gate_up: torch.Tensor, activation: Activation) -> torch.Tensor:
-    """``act(gate) * up`` for ``gate_up = [gate | up]`` along the last dim."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    if activation is Activation.SILU_GATED:
-        return F.silu(gate) * up
-    return F.gelu(gate) * up
 
 
 def fake_quantize_nvfp4(x: torch.Tensor, global_scale: QuantizeGlobalScale) -> torch.Tensor:
@@ -78,7 +68,7 @@ class ReferenceDenseRunner:
 
         def mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
             h = x @ quant_info.w13[expert].to(torch.float32).T
-            return gated_activation(h, self.config.activation) @ quant_info.w2[expert].to(torch.float32).T
+            return self.config.activation.apply(h) @ quant_info.w2[expert].to(torch.float32).T
 
         return run_experts(self.config, dispatch, quant_info, mlp)
 
@@ -94,7 +84,7 @@ class ReferenceNvfp4Runner:
 
         def mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
             x_q = fake_quantize_nvfp4(x, quant_info.w13_input_scale)
-            h = gated_activation(x_q @ quant_info.w13.dequantize_expert(expert).T, self.config.activation)
+            h = self.config.activation.apply(x_q @ quant_info.w13.dequantize_expert(expert).T)
             h_q = fake_quantize_nvfp4(h, quant_info.w2_input_scale)
             return h_q @ quant_info.w2.dequantize_expert(expert).T
 

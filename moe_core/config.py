@@ -6,6 +6,8 @@ import enum
 import math
 
 import attrs
+import torch
+import torch.nn.functional as F
 
 from moe_core._checks import require_positive_int
 
@@ -19,6 +21,13 @@ class Activation(enum.Enum):
 
     SILU_GATED = "silu"
     GELU_GATED = "gelu"
+
+    def apply(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``act(gate) * up`` for ``gate_up = [gate | up]`` along the last dim."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        if self is Activation.SILU_GATED:
+            return F.silu(gate) * up
+        return F.gelu(gate) * up
 
 
 class RoutingMethod(enum.Enum):
