@@ -48,14 +48,14 @@ _MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, Fa
 def encode_e2m1(values: torch.Tensor) -> torch.Tensor:
     """Round float values to the nearest E2M1 code (ties to even, saturating at 6).
 
-    Returns uint8 codes in 0..15; negative values that round to zero lose their sign.
+    Returns uint8 codes in 0..15. A negative value that rounds to zero keeps
+    its sign (code 8), as compressed-tensors and the CUDA converters encode it.
     """
     magnitude = values.abs()
     codes = torch.zeros(values.shape, dtype=torch.uint8, device=values.device)
     for midpoint, tie_up in _MIDPOINTS:
         codes += (magnitude >= midpoint if tie_up else magnitude > midpoint).to(torch.uint8)
-    negative = (values < 0) & (codes > 0)
-    return codes | (negative.to(torch.uint8) * _SIGN_BIT)
+    return codes | ((values < 0).to(torch.uint8) * _SIGN_BIT)
 
 
 def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:

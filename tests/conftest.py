@@ -1,0 +1,19 @@
+"""Shared fixtures: fresh random inputs every run, with the seed reported."""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import pytest
+import torch
+
+import backends.reference  # noqa: F401  # registers the reference backends
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    """A generator seeded afresh per test (``MOE_CORE_SEED`` replays one); the seed is printed."""
+    seed = int(os.environ.get("MOE_CORE_SEED", secrets.randbits(31)))
+    print(f"seed {seed} (replay with MOE_CORE_SEED={seed})")
+    return torch.Generator().manual_seed(seed)
