@@ -55,6 +55,10 @@ class LinearBlockScales:
         """Rows of the scaled tensor."""
         return int(self.data.shape[-2])
 
+    def to(self, device: torch.device | str) -> LinearBlockScales:
+        """The same scales on ``device``."""
+        return LinearBlockScales(self.data.to(device))
+
     @property
     def blocks(self) -> int:
         """Blocks of 16 elements per row."""

@@ -127,6 +127,12 @@ class Nvfp4MoeWeights:
         """Where the weights live."""
         return self.w13.packed.device
 
+    def to(self, device: torch.device | str) -> Nvfp4MoeWeights:
+        """The same weights and scales on ``device``."""
+        return Nvfp4MoeWeights(
+            self.w13.to(device), self.w2.to(device), self.w13_input_scale.to(device), self.w2_input_scale.to(device)
+        )
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> DenseMoeWeights:
         """The dense weights the codes stand for (the input scales are dropped)."""
         return DenseMoeWeights(self.w13.dequantize(dtype), self.w2.dequantize(dtype))

@@ -165,6 +165,10 @@ class Nvfp4Tensor:
         packed, scales = _quantize_blocks(x, global_scale.value.to(x.device).reshape(()))
         return cls(packed, LinearBlockScales(scales), global_scale.to(x.device))
 
+    def to(self, device: torch.device | str) -> Nvfp4Tensor:
+        """The same tensor on ``device``."""
+        return Nvfp4Tensor(self.packed.to(device), self.block_scales.to(device), self.global_scale.to(device))
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The values the codes stand for, ``[rows, cols]`` in ``dtype``."""
         gs = self.global_scale.value.reshape(())
@@ -218,6 +222,10 @@ class Nvfp4ExpertWeights:
             global_scales = ExpertQuantizeGlobalScales.from_amax(w.detach().abs().amax(dim=(1, 2)))
         packed, scales = _quantize_blocks(w, global_scales.value.to(w.device))
         return cls(packed, LinearBlockScales(scales), global_scales.to(w.device))
+
+    def to(self, device: torch.device | str) -> Nvfp4ExpertWeights:
+        """The same weights on ``device``."""
+        return Nvfp4ExpertWeights(self.packed.to(device), self.block_scales.to(device), self.global_scales.to(device))
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The values the codes stand for, ``[E, rows, cols]`` in ``dtype``."""

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from moe_core import LinearBlockScales, SwizzledBlockScales
+from tests.devices import DEVICES
 
 
 def random_scales(gen: torch.Generator, *shape: int) -> torch.Tensor:
@@ -19,11 +20,14 @@ def offset_128x4(m: int, k: int, padded_blocks: int) -> int:
     return (m // 128) * k_tiles * 512 + (k // 4) * 512 + (m % 32) * 16 + ((m % 128) // 32) * 4 + (k % 4)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("rows", "blocks"), [(128, 4), (130, 6), (7, 1), (256, 16)])
-def test_swizzle_places_every_scale_at_the_kernel_offset(gen: torch.Generator, rows: int, blocks: int) -> None:
+def test_swizzle_places_every_scale_at_the_kernel_offset(
+    gen: torch.Generator, rows: int, blocks: int, device: torch.device
+) -> None:
     linear = LinearBlockScales(random_scales(gen, rows, blocks))
 
-    swizzled = linear.swizzle()
+    swizzled = SwizzledBlockScales(linear.to(device).swizzle().data.cpu(), rows=rows, blocks=blocks)
 
     padded_rows, padded_blocks = swizzled.data.shape
     assert (padded_rows % 128, padded_blocks % 4) == (0, 0)

@@ -22,6 +22,7 @@ from moe_core import (
     QuantizeGlobalScale,
 )
 from moe_core.nvfp4 import E2M1_VALUES, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
+from tests.devices import DEVICES
 
 SCHEME: QuantizationScheme = preset_name_to_scheme("NVFP4", ["Linear"])
 
@@ -41,12 +42,15 @@ def random_weight(gen: torch.Generator, rows: int, cols: int) -> torch.Tensor:
     return torch.randn(rows, cols, generator=gen) * torch.exp(2 * torch.randn(rows, 1, generator=gen))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("rows", "cols"), [(8, 64), (37, 160), (128, 256)])
-def test_quantize_matches_compressed_tensors_bit_for_bit(gen: torch.Generator, rows: int, cols: int) -> None:
+def test_quantize_matches_compressed_tensors_bit_for_bit(
+    gen: torch.Generator, rows: int, cols: int, device: torch.device
+) -> None:
     w = random_weight(gen, rows, cols)
     ct = compressed_tensors_compress(w)
 
-    ours = Nvfp4Tensor.quantize(w, QuantizeGlobalScale.from_amax(w.abs().amax()))
+    ours = Nvfp4Tensor.quantize(w.to(device), QuantizeGlobalScale.from_amax(w.abs().amax())).to("cpu")
 
     assert torch.equal(ours.global_scale.value, ct["weight_global_scale"])
     assert ours.block_scales.data.dtype == ct["weight_scale"].dtype == torch.float8_e4m3fn
@@ -57,21 +61,24 @@ def test_quantize_matches_compressed_tensors_bit_for_bit(gen: torch.Generator, r
     assert len(torch.unique(codes & 7)) == 8, "the input should exercise every E2M1 magnitude"
 
 
-def test_dequantize_matches_compressed_tensors(gen: torch.Generator) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_dequantize_matches_compressed_tensors(gen: torch.Generator, device: torch.device) -> None:
     w = random_weight(gen, 48, 128)
     ct = compressed_tensors_compress(w)
     restored = NVFP4PackedCompressor.decompress(ct, SCHEME)["weight"]
 
-    ours = Nvfp4Tensor.quantize(w, QuantizeGlobalScale.from_amax(w.abs().amax()))
+    ours = Nvfp4Tensor.quantize(w.to(device), QuantizeGlobalScale.from_amax(w.abs().amax()))
 
-    assert torch.equal(ours.dequantize(torch.bfloat16), restored)
-    assert torch.equal(decode_e2m1(unpack_e2m1(ours.packed)), unpack_fp4_from_uint8(ct["weight_packed"], 48, 128, torch.float32))
+    assert torch.equal(ours.dequantize(torch.bfloat16).cpu(), restored)
+    values = decode_e2m1(unpack_e2m1(ours.packed)).cpu()
+    assert torch.equal(values, unpack_fp4_from_uint8(ct["weight_packed"], 48, 128, torch.float32))
 
 
-def test_expert_weights_match_per_expert_compression(gen: torch.Generator) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_expert_weights_match_per_expert_compression(gen: torch.Generator, device: torch.device) -> None:
     w = torch.stack([random_weight(gen, 32, 64) for _ in range(3)])
 
-    ours = Nvfp4ExpertWeights.quantize(w)
+    ours = Nvfp4ExpertWeights.quantize(w.to(device)).to("cpu")
 
     for expert in range(3):
         ct = compressed_tensors_compress(w[expert])
@@ -83,7 +90,7 @@ def test_expert_weights_match_per_expert_compression(gen: torch.Generator) -> No
     assert torch.equal(ours.dequantize()[1], ours.dequantize_expert(1))
 
 
-def test_round_trip_error_is_bounded_by_half_a_code_step(gen: torch.Generator) -> None:
+def test_round_trip_error_is_bounded_by_the_code_step(gen: torch.Generator) -> None:
     w = torch.randn(64, 256, generator=gen, dtype=torch.float64).float()
     q = Nvfp4Tensor.quantize(w, QuantizeGlobalScale.from_amax(w.abs().amax()))
     blocks = (q.dequantize() - w).abs().reshape(64, -1, 16)

@@ -17,6 +17,7 @@ from moe_core import (
     create_runner,
 )
 from moe_core.synthetic import random_nvfp4_layer
+from tests.devices import DEVICES
 
 
 def dense_moe_float64(
@@ -31,7 +32,8 @@ def dense_moe_float64(
     With ``input_scales``, each GEMM input goes through an NVFP4 round trip
     first (its float32 value, as the kernels see it), as W4A4 kernels do.
     """
-    x, ids, weights = dispatch.hidden_states, dispatch.topk.topk_ids, dispatch.topk.topk_weights
+    x, ids, weights = (t.cpu() for t in (dispatch.hidden_states, dispatch.topk.topk_ids, dispatch.topk.topk_weights))
+    w13, w2 = w13.cpu(), w2.cpu()
     inter = config.intermediate_size_per_partition
     out = torch.zeros(x.shape, dtype=torch.float64)
     for t in range(x.shape[0]):
@@ -41,7 +43,7 @@ def dense_moe_float64(
                 continue
             xt = x[t].double()
             if input_scales is not None:
-                xt = fake_quantize_nvfp4(xt.float()[None], input_scales[0])[0].double()
+                xt = fake_quantize_nvfp4(xt.float()[None], input_scales[0].to("cpu"))[0].double()
             h = w13[local].double() @ xt
             gate, up = h[:inter], h[inter:]
             if config.activation is Activation.SILU_GATED:
@@ -49,20 +51,24 @@ def dense_moe_float64(
             else:
                 act = 0.5 * gate * (1 + torch.erf(gate / 2**0.5)) * up
             if input_scales is not None:
-                act = fake_quantize_nvfp4(act.float()[None], input_scales[1])[0].double()
+                act = fake_quantize_nvfp4(act.float()[None], input_scales[1].to("cpu"))[0].double()
             out[t] += float(weights[t, k]) * (w2[local].double() @ act)
     return out * config.routed_scaling_factor
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((actual.double() - expected).norm() / expected.norm())
+    return float((actual.cpu().double() - expected).norm() / expected.norm())
 
 
 def layer(
-    gen: torch.Generator, config: MoeRunnerConfig, num_tokens: int = 24, dtype: torch.dtype = torch.float32
+    gen: torch.Generator,
+    config: MoeRunnerConfig,
+    num_tokens: int = 24,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device = torch.device("cpu"),
 ) -> tuple[Nvfp4MoeWeights, StandardDispatchOutput]:
     seed = int(torch.randint(2**31, (1,), generator=gen))
-    return random_nvfp4_layer(config, num_tokens, dtype, torch.device("cpu"), seed)
+    return random_nvfp4_layer(config, num_tokens, dtype, device, seed)
 
 
 CONFIGS = [
@@ -80,17 +86,18 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("config", CONFIGS, ids=["silu", "gelu-expert-parallel-scaled"])
-def test_nvfp4_matches_float64_w4a4(gen: torch.Generator, config: MoeRunnerConfig) -> None:
-    weights, dispatch = layer(gen, config)
+def test_nvfp4_matches_float64_w4a4(gen: torch.Generator, config: MoeRunnerConfig, device: torch.device) -> None:
+    weights, dispatch = layer(gen, config, device=device)
     w13, w2 = weights.w13.dequantize(), weights.w2.dequantize()
     scales = (weights.w13_input_scale, weights.w2_input_scale)
 
     out = create_runner(REFERENCE_NVFP4, config).run(dispatch, weights)
 
-    assert out.shape == dispatch.hidden_states.shape and out.dtype == torch.float32
+    assert out.shape == dispatch.hidden_states.shape and out.dtype == torch.float32 and out.device == device
     expected = dense_moe_float64(config, dispatch, w13, w2, scales)
-    per_token = (out.double() - expected).norm(dim=1) / expected.norm(dim=1).clamp(min=1e-30)
+    per_token = (out.cpu().double() - expected).norm(dim=1) / expected.norm(dim=1).clamp(min=1e-30)
     # float32 and float64 GEMMs can round an activation that sits within an ulp of an
     # FP4 midpoint to neighbouring codes (about once in a thousand runs here), which
     # moves that one token by a few percent; every other token agrees to 1e-5.
@@ -98,9 +105,10 @@ def test_nvfp4_matches_float64_w4a4(gen: torch.Generator, config: MoeRunnerConfi
     assert rel_err(out, expected) < 5e-2
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("config", CONFIGS, ids=["silu", "gelu-expert-parallel-scaled"])
-def test_nvfp4_activation_quantization_error_is_bounded(gen: torch.Generator, config: MoeRunnerConfig) -> None:
-    weights, dispatch = layer(gen, config)
+def test_nvfp4_activation_quantization_error_is_bounded(gen: torch.Generator, config: MoeRunnerConfig, device: torch.device) -> None:
+    weights, dispatch = layer(gen, config, device=device)
     w13, w2 = weights.w13.dequantize(), weights.w2.dequantize()
 
     out = create_runner(REFERENCE_NVFP4, config).run(dispatch, weights)
@@ -110,9 +118,10 @@ def test_nvfp4_activation_quantization_error_is_bounded(gen: torch.Generator, co
     assert 0.05 < rel_err(out, dense_moe_float64(config, dispatch, w13, w2)) < 0.25
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("config", CONFIGS, ids=["silu", "gelu-expert-parallel-scaled"])
-def test_dense_matches_float64(gen: torch.Generator, config: MoeRunnerConfig) -> None:
-    weights, dispatch = layer(gen, config)
+def test_dense_matches_float64(gen: torch.Generator, config: MoeRunnerConfig, device: torch.device) -> None:
+    weights, dispatch = layer(gen, config, device=device)
     dense = weights.dequantize()
 
     out = create_runner(REFERENCE_DENSE, config).run(dispatch, dense)
