@@ -17,7 +17,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from moe_core._checks import require_dtype, require_tensor
+from moe_core._checks import require_dtype, require_positive_int, require_tensor
 
 SWIZZLE_ROWS = 128
 """Rows of scales in one 128x4 tile."""
@@ -95,6 +95,8 @@ class SwizzledBlockScales:
     blocks: int
 
     def __attrs_post_init__(self) -> None:
+        require_positive_int("SwizzledBlockScales.rows", self.rows)
+        require_positive_int("SwizzledBlockScales.blocks", self.blocks)
         _check_scale_values("SwizzledBlockScales.data", self.data)
         *_, padded_rows, padded_blocks = self.data.shape
         if padded_rows != _round_up(self.rows, SWIZZLE_ROWS) or padded_blocks != _round_up(
@@ -105,8 +107,6 @@ class SwizzledBlockScales:
                 f"({_round_up(self.rows, SWIZZLE_ROWS)}, {_round_up(self.blocks, SWIZZLE_BLOCKS)}) "
                 f"for rows={self.rows}, blocks={self.blocks}, got ({padded_rows}, {padded_blocks})"
             )
-        if self.rows <= 0 or self.blocks <= 0:
-            raise ValueError(f"SwizzledBlockScales: expected rows, blocks > 0, got {self.rows}, {self.blocks}")
 
     def unswizzle(self) -> LinearBlockScales:
         """The same scales row-major, padding dropped."""

@@ -9,12 +9,14 @@ Quantization of a block with largest magnitude ``amax``:
 ``s = e4m3(g * amax / 6)``, ``code = e2m1_rne(clamp(x / (s / g), -6, 6))``.
 Dequantization: ``x = e2m1(code) * s / g``. Arithmetic is float32 throughout
 and follows compressed-tensors' operation order, so codes and scales match it
-bit for bit. Two deliberate differences: an all-zero block keeps the scale 0
-(compressed-tensors stores 0.125, a value the block never uses) and quantizes
-to code 0; and the input is upcast to float32 first (compressed-tensors
+bit for bit, including its rule for a block whose scale rounds to zero in
+E4M3 (an all-zero block, or one whose amax is below about 2e-6 of the
+tensor's amax): it
+stores 0.125 instead, which still encodes every value of the block as zero.
+The one difference: the input is upcast to float32 first (compressed-tensors
 divides in the input's dtype). The CUDA kernels multiply by an approximate
 reciprocal instead of dividing, so they may round a value lying within an ulp
-of a midpoint between codes the other way.
+of a midpoint between codes the other way, and store scale 0 for such a block.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ BLOCK_SIZE = 16
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 """Magnitudes of the E2M1 codes 0..7; bit 3 of a code is the sign."""
+
+UNDERFLOW_SCALE = 0.125
+"""E4M3 block scale stored where the computed one rounds to zero (compressed-tensors' rule)."""
 
 _SIGN_BIT = 8
 # Midpoints between neighbouring E2M1 magnitudes, each with whether a tie there
@@ -88,11 +93,11 @@ def _quantize_blocks(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch
     blocks = _as_blocks(x.to(torch.float32))
     gs = global_scale.reshape(*global_scale.shape, 1, 1)
     amax = blocks.abs().amax(dim=-1)
-    scales = (gs * (amax / E2M1_MAX)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
-    block_scale = (scales.to(torch.float32) / gs).unsqueeze(-1)
-    scaled = torch.where(block_scale > 0, blocks / block_scale, blocks * 0.0)
+    scales = (gs * (amax / E2M1_MAX)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    scales = torch.where(scales == 0, UNDERFLOW_SCALE, scales)
+    scaled = blocks / (scales / gs).unsqueeze(-1)
     codes = encode_e2m1(scaled.clamp(-E2M1_MAX, E2M1_MAX)).flatten(-2)
-    return pack_e2m1(codes), scales
+    return pack_e2m1(codes), scales.to(torch.float8_e4m3fn)
 
 
 def _dequantize_blocks(packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
