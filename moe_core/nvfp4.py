@@ -11,8 +11,8 @@ Dequantization: ``x = e2m1(code) * s / g``. Arithmetic is float32 throughout
 and follows compressed-tensors' operation order, so codes and scales match it
 bit for bit, including its rule for a block whose scale rounds to zero in
 E4M3 (an all-zero block, or one whose amax is below about 2e-6 of the
-tensor's amax): it
-stores 0.125 instead, which still encodes every value of the block as zero.
+tensor's amax): it stores 0.125 instead, which still encodes every value of
+the block as zero.
 The one difference: the input is upcast to float32 first (compressed-tensors
 divides in the input's dtype). The CUDA kernels multiply by an approximate
 reciprocal instead of dividing, so they may round a value lying within an ulp
