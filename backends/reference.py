@@ -27,6 +27,7 @@ from moe_core import (
     Nvfp4Tensor,
     QuantInfo,
     QuantizeGlobalScale,
+    check_expert_ids,
     check_run_inputs,
     register_backend,
 )
@@ -45,6 +46,7 @@ def run_experts(
 ) -> torch.Tensor:
     """Sum each token's local experts' outputs, weighted by top-k and the scaling factor."""
     check_run_inputs(config, dispatch, quant_info, (DispatchFormat.STANDARD,))
+    check_expert_ids(config, dispatch)
     hidden = dispatch.hidden_states
     ids, weights = dispatch.topk.topk_ids, dispatch.topk.topk_weights
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
@@ -92,7 +94,9 @@ class ReferenceNvfp4Runner:
 
 
 def reference_availability(device: torch.device) -> Availability:
-    """Available wherever torch can allocate a tensor."""
+    """Available wherever torch can allocate a tensor that holds data."""
+    if device.type == "meta":
+        return Availability.unavailable("meta tensors hold no values to compute with")
     try:
         torch.empty(1, device=device)
     except (RuntimeError, AssertionError) as error:

@@ -29,7 +29,7 @@ from moe_core.registry import (
     registered_backends,
 )
 from moe_core.routing import select_experts
-from moe_core.runner import QuantInfo, Runner, check_run_inputs
+from moe_core.runner import QuantInfo, Runner, check_expert_ids, check_run_inputs
 
 __all__ = [
     "Activation",
@@ -57,6 +57,7 @@ __all__ = [
     "StandardDispatchOutput",
     "SwizzledBlockScales",
     "TopKOutput",
+    "check_expert_ids",
     "check_run_inputs",
     "create_runner",
     "load_entry_point_backends",

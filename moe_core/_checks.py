@@ -72,3 +72,23 @@ def require_positive_int(name: str, value: int) -> None:
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
     if value <= 0:
         raise ValueError(f"{name}: expected a positive int, got {value}")
+
+
+def values_readable(tensor: torch.Tensor) -> bool:
+    """False while ``tensor``'s CUDA stream captures a graph (reading values would break it)."""
+    return not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def require_ids_in_range(name: str, ids: torch.Tensor, limit: int | None, what: str) -> None:
+    """Raise ``ValueError`` unless ``0 <= ids < limit`` (``limit`` None: only ``>= 0``).
+
+    Reads the ids' extremes from the device: one synchronization, skipped
+    while a CUDA graph is being captured.
+    """
+    if ids.numel() == 0 or not values_readable(ids):
+        return
+    low, high = (int(v) for v in torch.aminmax(ids))
+    if low < 0:
+        raise ValueError(f"{name}: expected ids >= 0, got {low}")
+    if limit is not None and high >= limit:
+        raise ValueError(f"{name}: expected ids < {limit} ({what}), got {high}")

@@ -14,6 +14,7 @@ from moe_core._checks import (
     require_ndim,
     require_same_device,
     require_shape,
+    require_ids_in_range,
     require_tensor,
 )
 
@@ -32,11 +33,18 @@ class TopKOutput:
     ``topk_ids`` are global expert ids (int32 ``[T, K]``), ``topk_weights`` their
     float32 weights; ``router_logits`` (``[T, E]``) is kept for kernels that
     route internally.
+
+    The constructor checks dtypes, shapes and devices from metadata alone. It
+    also checks that ids are in range, which reads them back from the device
+    (one synchronization); a serving loop that builds one per forward passes
+    ``check_ids=False``, and the check is skipped while a CUDA graph is being
+    captured, where reading values is impossible.
     """
 
     topk_ids: torch.Tensor
     topk_weights: torch.Tensor
     router_logits: torch.Tensor | None = None
+    check_ids: bool = attrs.field(default=True, kw_only=True, repr=False)
 
     def __attrs_post_init__(self) -> None:
         require_tensor("topk_ids", self.topk_ids)
@@ -46,8 +54,6 @@ class TopKOutput:
         require_dtype("topk_weights", self.topk_weights, (torch.float32,))
         require_shape("topk_weights", self.topk_weights, self.topk_ids.shape, "like topk_ids [num_tokens, top_k]")
         tensors = [("topk_ids", self.topk_ids), ("topk_weights", self.topk_weights)]
-        if self.topk_ids.numel() and int(self.topk_ids.min()) < 0:
-            raise ValueError(f"topk_ids: expected ids >= 0, got {int(self.topk_ids.min())}")
         if self.router_logits is not None:
             logits = require_tensor("router_logits", self.router_logits)
             require_ndim("router_logits", logits, 2, "[num_tokens, num_experts]")
@@ -56,13 +62,12 @@ class TopKOutput:
                 raise ValueError(
                     f"router_logits: expected {self.num_tokens} rows like topk_ids, got {logits.shape[0]}"
                 )
-            if self.topk_ids.numel() and int(self.topk_ids.max()) >= logits.shape[1]:
-                raise ValueError(
-                    f"topk_ids: expected ids < {logits.shape[1]} (router_logits columns), "
-                    f"got {int(self.topk_ids.max())}"
-                )
             tensors.append(("router_logits", logits))
         require_same_device(tensors)
+        if self.check_ids and self.router_logits is not None:
+            require_ids_in_range("topk_ids", self.topk_ids, self.router_logits.shape[1], "router_logits columns")
+        elif self.check_ids:
+            require_ids_in_range("topk_ids", self.topk_ids, None, "")
 
     @property
     def num_tokens(self) -> int:

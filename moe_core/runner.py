@@ -6,6 +6,7 @@ from typing import Protocol, TypeVar
 
 import torch
 
+from moe_core._checks import require_ids_in_range
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import DispatchFormat, DispatchOutput
 
@@ -63,8 +64,9 @@ def check_run_inputs(
 ) -> None:
     """Raise ``ValueError`` unless ``dispatch`` and ``quant_info`` fit ``config``.
 
-    For backend authors: call it at the top of ``run``. It reads the top-k ids'
-    range, which synchronizes with the device once per call.
+    For backend authors: call it at the top of ``run``. It reads metadata only
+    (no device synchronization, safe under CUDA graph capture); see
+    :func:`check_expert_ids` for the ids' values.
     """
     if dispatch.format not in formats:
         wanted = ", ".join(f.value for f in formats)
@@ -86,7 +88,12 @@ def check_run_inputs(
     topk = dispatch.topk
     if topk.top_k != config.top_k:
         raise ValueError(f"topk_ids: expected {config.top_k} columns (top_k), got {topk.top_k}")
-    if topk.num_tokens and int(topk.topk_ids.max()) >= config.num_experts:
-        raise ValueError(
-            f"topk_ids: expected global ids < num_experts={config.num_experts}, got {int(topk.topk_ids.max())}"
-        )
+
+
+def check_expert_ids(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:
+    """Raise ``ValueError`` unless every top-k id is a global expert id of ``config``.
+
+    Reads the ids back (one device synchronization; skipped during CUDA graph
+    capture): for reference and debugging runners, not for kernels' hot paths.
+    """
+    require_ids_in_range("topk_ids", dispatch.topk.topk_ids, config.num_experts, "num_experts")

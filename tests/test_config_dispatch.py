@@ -58,6 +58,8 @@ def test_topk_rejects_bad_input() -> None:
         TopKOutput(ids - 1, weights)
     with pytest.raises(ValueError, match=r"topk_ids: expected ids < 8 \(router_logits columns\), got 8"):
         TopKOutput(ids + 8, weights, torch.randn(4, 8))
+    unchecked = TopKOutput(ids - 1, weights, check_ids=False)
+    assert int(unchecked.topk_ids.min()) == -1, "check_ids=False skips only the value check"
     with pytest.raises(TypeError, match="topk_weights: expected a torch.Tensor, got list"):
         TopKOutput(ids, [[0.5, 0.5]] * 4)  # type: ignore[arg-type]  # the runtime check under test
 
@@ -76,3 +78,16 @@ def test_dispatch_rejects_bad_input() -> None:
         StandardDispatchOutput(torch.zeros(4, 16, dtype=torch.int8), topk)
     with pytest.raises(ValueError, match=r"hidden_states: expected a 2-d tensor \[num_tokens, hidden_size\]"):
         StandardDispatchOutput(torch.randn(4), topk)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA graphs")
+def test_topk_can_be_built_while_capturing_a_cuda_graph() -> None:
+    ids = torch.zeros(4, 2, dtype=torch.int32, device="cuda")
+    weights = torch.rand(4, 2, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        topk = TopKOutput(ids, weights)
+        scaled = topk.topk_weights * 2
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(scaled, weights * 2)
