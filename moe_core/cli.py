@@ -19,7 +19,7 @@ import torch
 
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput
-from moe_core.registry import MoeForward, load_entry_point_backends, registered_backends
+from moe_core.registry import ENTRY_POINT_GROUP, MoeForward, load_entry_point_backends, registered_backends
 from moe_core.synthetic import random_nvfp4_layer
 
 REFERENCE_BACKEND = "reference-nvfp4"
@@ -55,7 +55,7 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _info(device: torch.device) -> int:
+def _info(device: torch.device, plugin_errors: dict[str, str]) -> int:
     rows = []
     for backend in registered_backends():
         availability = backend.availability(device)
@@ -69,6 +69,8 @@ def _info(device: torch.device) -> int:
         )
     print(f"moe-core backends on {device} (torch {torch.__version__})")
     print(format_table(["backend", "available", "reasons", "description"], rows))
+    for name, error in plugin_errors.items():
+        print(f"entry point {name!r} ({ENTRY_POINT_GROUP}) failed to load: {error}")
     return 0
 
 
@@ -158,9 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("--seed", type=int, default=0, help="random seed (0)")
     check.add_argument("--iters", type=_positive, default=5, help="timed calls per backend (5)")
     args = parser.parse_args(argv)
-    load_entry_point_backends()
+    plugin_errors = {name: error for name, error in load_entry_point_backends().items() if error is not None}
+    for name, error in plugin_errors.items():
+        _progress(f"warning: backend entry point {name!r} failed to load: {error}")
     if args.command == "info":
-        return _info(args.device)
+        return _info(args.device, plugin_errors)
     try:
         return _check(args)
     except (ValueError, TypeError) as error:

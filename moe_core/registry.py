@@ -142,14 +142,19 @@ def registered_backends() -> tuple[BackendEntry, ...]:
     return tuple(_REGISTRY.values())
 
 
-def load_entry_point_backends() -> tuple[str, ...]:
+def load_entry_point_backends() -> dict[str, str | None]:
     """Import every module of the ``moe_core.backends`` entry-point group.
 
-    Returns the names of the entry points loaded; importing a module is what
-    registers its backends.
+    Importing a module is what registers its backends. Returns each entry
+    point's name with None where it loaded, or the error that stopped it, so
+    that one broken plugin is reported rather than hiding the others.
     """
-    loaded = []
+    outcome: dict[str, str | None] = {}
     for entry in entry_points(group=ENTRY_POINT_GROUP):
-        entry.load()
-        loaded.append(entry.name)
-    return tuple(loaded)
+        try:
+            entry.load()
+        except Exception as error:  # a plugin may fail in any way: report it, load the rest
+            outcome[entry.name] = f"{type(error).__name__}: {error}"
+        else:
+            outcome[entry.name] = None
+    return outcome

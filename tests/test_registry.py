@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib.metadata import EntryPoint
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from moe_core import (
     register_backend,
     registered_backends,
 )
+from moe_core import registry
 from moe_core.registry import ENTRY_POINT_GROUP
 from tests.type_cases.accepted import third_party_backend
 from tests.type_cases.accepted.third_party_backend import ScaledIdentityQuantInfo
@@ -65,13 +68,20 @@ def test_unregistered_key_is_refused() -> None:
 
 
 def test_entry_points_name_the_reference_backend() -> None:
-    assert "reference" in load_entry_point_backends(), f"is the package installed? ({ENTRY_POINT_GROUP})"
+    assert load_entry_point_backends().get("reference", "missing") is None, f"is moe-core installed? ({ENTRY_POINT_GROUP})"
     names = [backend.name for backend in registered_backends()]
     assert names[:2] == [REFERENCE_DENSE.name, REFERENCE_NVFP4.name]
 
 
+def test_broken_entry_point_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = EntryPoint("broken", "no_such_module_for_moe_core", ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [broken])
+    assert load_entry_point_backends() == {"broken": "ModuleNotFoundError: No module named 'no_such_module_for_moe_core'"}
+
+
 def test_availability_reports_reasons() -> None:
     assert reference_availability(torch.device("cpu")).ok
+    assert not reference_availability(torch.device("meta")).ok
     assert Availability.unavailable("needs SM100", "flashinfer missing").reasons == ("needs SM100", "flashinfer missing")
     if not torch.cuda.is_available():
         verdict = reference_availability(torch.device("cuda"))
