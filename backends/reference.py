@@ -7,6 +7,8 @@ any device torch runs on. Two keys, one per quant info:
 - ``REFERENCE_NVFP4`` runs NVFP4 W4A4 the way the FP4 kernels do: each
   GEMM's input is quantized to NVFP4 with its scalar global input scale
   (16-element E4M3 blocks) and multiplied with the dequantized FP4 weights.
+  The gated activation is quantized from its float32 value; a kernel that
+  writes it as bf16 first may round a few of its codes the other way.
 """
 
 from __future__ import annotations
