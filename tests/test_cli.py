@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from backends.reference import ReferenceNvfp4Runner, reference_availability
+from moe_core import BackendKey, Nvfp4MoeWeights, registry
 from moe_core.cli import format_table, main
 
 
@@ -37,6 +39,25 @@ def test_check_reports_bad_sizes_clearly(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit):
         main(["info", "--device", "tpu-ish"])
     assert "not a torch device" in capsys.readouterr().err
+
+
+def test_check_reports_a_failing_backend_and_exits_1(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(weights: Nvfp4MoeWeights) -> Nvfp4MoeWeights:
+        raise RuntimeError("kernel launch failed")
+
+    key = BackendKey("broken-nvfp4", "always fails", ReferenceNvfp4Runner, reference_availability, broken)
+    monkeypatch.setitem(registry._REGISTRY, key.name, key)  # registered for this test only
+
+    assert main(["check", "--tokens", "4", "--experts", "2", "--hidden", "16", "--intermediate", "16", "--iters", "1"]) == 1
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("broken-nvfp4")]
+    assert row and row[0].endswith("FAILED: RuntimeError: kernel launch failed")
+
+
+def test_check_refuses_a_device_the_reference_cannot_use(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--device", "meta"]) == 2
+    assert "the reference backend cannot run on meta: meta tensors hold no values" in capsys.readouterr().err
 
 
 def test_module_entry_point_runs() -> None:
