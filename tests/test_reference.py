@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -176,3 +177,9 @@ def test_dense_weights_reject_bad_shapes(gen: torch.Generator) -> None:
         DenseMoeWeights(torch.randn(2, 15, 16, generator=gen), torch.randn(2, 16, 7, generator=gen))
     with pytest.raises(TypeError, match="like w13"):
         DenseMoeWeights(torch.randn(2, 16, 16, generator=gen), torch.randn(2, 16, 8, generator=gen).half())
+
+
+def test_quant_info_is_frozen_at_run_time(gen: torch.Generator) -> None:
+    weights, _ = layer(gen, CONFIGS[0])
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        weights.w13_input_scale = weights.w2_input_scale  # type: ignore[misc]  # the runtime guard under test
