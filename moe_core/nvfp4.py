@@ -33,7 +33,7 @@ from moe_core._checks import (
     require_tensor,
 )
 from moe_core.block_scales import LinearBlockScales
-from moe_core.global_scales import E2M1_MAX, E4M3_MAX, ExpertQuantizeGlobalScales, QuantizeGlobalScale
+from moe_core.global_scales import E2M1_MAX, E4M3_MAX, NVFP4_RANGE, ExpertQuantizeGlobalScales, QuantizeGlobalScale
 
 BLOCK_SIZE = 16
 """Elements sharing one E4M3 block scale."""
@@ -220,11 +220,13 @@ class Nvfp4ExpertWeights:
     def quantize(cls, w: torch.Tensor, global_scales: ExpertQuantizeGlobalScales | None = None) -> Nvfp4ExpertWeights:
         """Quantize finite float weights ``[E, rows, cols]`` (cols a multiple of 16).
 
-        Without ``global_scales``, each expert gets ``448 * 6 / amax`` of its own values.
+        Without ``global_scales``, each expert gets ``448 * 6 / amax`` of its own
+        values, and an all-zero expert gets 1.0 (as compressed-tensors does).
         """
         _check_float_input("w", w, 3, "[num_experts, rows, cols]")
         if global_scales is None:
-            global_scales = ExpertQuantizeGlobalScales.from_amax(w.detach().abs().amax(dim=(1, 2)))
+            amax = w.detach().abs().amax(dim=(1, 2)).to(torch.float32)
+            global_scales = ExpertQuantizeGlobalScales.from_amax(torch.where(amax > 0, amax, NVFP4_RANGE))
         packed, scales = _quantize_blocks(w, global_scales.value.to(w.device))
         return cls(packed, LinearBlockScales(scales), global_scales.to(w.device))
 

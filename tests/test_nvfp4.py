@@ -90,6 +90,15 @@ def test_expert_weights_match_per_expert_compression(gen: torch.Generator, devic
     assert torch.equal(ours.dequantize()[1], ours.dequantize_expert(1))
 
 
+def test_all_zero_expert_gets_global_scale_one_like_compressed_tensors(gen: torch.Generator) -> None:
+    w = torch.randn(2, 8, 32, generator=gen)
+    w[1] = 0.0
+    q = Nvfp4ExpertWeights.quantize(w)
+    assert torch.equal(q.global_scales.value[1:], compressed_tensors_compress(w[1])["weight_global_scale"])
+    assert q.global_scales.value[1].item() == 1.0
+    assert bool((q.dequantize_expert(1) == 0).all())
+
+
 def test_round_trip_error_is_bounded_by_the_code_step(gen: torch.Generator) -> None:
     w = torch.randn(64, 256, generator=gen, dtype=torch.float64).float()
     q = Nvfp4Tensor.quantize(w, QuantizeGlobalScale.from_amax(w.abs().amax()))

@@ -170,6 +170,14 @@ def test_run_rejects_inputs_that_do_not_fit_the_config(gen: torch.Generator) -> 
         runner.run(StandardDispatchOutput(dispatch.hidden_states, three), weights)
 
 
+def test_nvfp4_weights_reject_mismatched_parts(gen: torch.Generator) -> None:
+    weights, _ = layer(gen, CONFIGS[0])
+    with pytest.raises(ValueError, match=r"Nvfp4MoeWeights.w2: expected shape \(8, 64, 32\)"):
+        Nvfp4MoeWeights(weights.w13, weights.w13, weights.w13_input_scale, weights.w2_input_scale)
+    with pytest.raises(TypeError, match="Nvfp4MoeWeights.w13_input_scale: expected QuantizeGlobalScale"):
+        Nvfp4MoeWeights(weights.w13, weights.w2, weights.w13.global_scales, weights.w2_input_scale)  # type: ignore[arg-type]  # the runtime check under test
+
+
 def test_dense_weights_reject_bad_shapes(gen: torch.Generator) -> None:
     with pytest.raises(ValueError, match=r"DenseMoeWeights.w2: expected shape \(2, 16, 8\)"):
         DenseMoeWeights(torch.randn(2, 16, 16, generator=gen), torch.randn(2, 16, 4, generator=gen))
