@@ -96,15 +96,23 @@ class BackendEntry(Protocol):
     """What the table tells of a backend without naming its quant info type."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The unique name it registered under."""
+        ...
 
     @property
-    def description(self) -> str: ...
+    def description(self) -> str:
+        """One line for tables."""
+        ...
 
     @property
-    def availability(self) -> Callable[[torch.device], Availability]: ...
+    def availability(self) -> Callable[[torch.device], Availability]:
+        """Says whether the backend runs on a device, and if not, why."""
+        ...
 
-    def bind_nvfp4(self, config: MoeRunnerConfig, weights: Nvfp4MoeWeights) -> MoeForward | None: ...
+    def bind_nvfp4(self, config: MoeRunnerConfig, weights: Nvfp4MoeWeights) -> MoeForward | None:
+        """A forward over ``weights`` converted once, or None without NVFP4 support."""
+        ...
 
 
 _REGISTRY: dict[str, BackendEntry] = {}
