@@ -66,12 +66,12 @@ def require_positive(name: str, tensor: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected values > 0, got minimum {float(tensor.min())}")
 
 
-def require_positive_int(name: str, value: int) -> None:
-    """Raise ``ValueError`` unless ``value`` is an ``int`` (not ``bool``) above zero."""
+def require_int(name: str, value: int, *, minimum: int) -> None:
+    """Raise unless ``value`` is an ``int`` (not ``bool``) of at least ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name}: expected a positive int, got {value}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
 
 
 def values_readable(tensor: torch.Tensor) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from moe_core._checks import require_dtype, require_positive_int, require_tensor
+from moe_core._checks import require_dtype, require_int, require_tensor
 
 SWIZZLE_ROWS = 128
 """Rows of scales in one 128x4 tile."""
@@ -95,8 +95,8 @@ class SwizzledBlockScales:
     blocks: int
 
     def __attrs_post_init__(self) -> None:
-        require_positive_int("SwizzledBlockScales.rows", self.rows)
-        require_positive_int("SwizzledBlockScales.blocks", self.blocks)
+        require_int("SwizzledBlockScales.rows", self.rows, minimum=1)
+        require_int("SwizzledBlockScales.blocks", self.blocks, minimum=1)
         _check_scale_values("SwizzledBlockScales.data", self.data)
         *_, padded_rows, padded_blocks = self.data.shape
         if padded_rows != _round_up(self.rows, SWIZZLE_ROWS) or padded_blocks != _round_up(

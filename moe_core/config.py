@@ -9,7 +9,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from moe_core._checks import require_positive_int
+from moe_core._checks import require_int
 
 
 class Activation(enum.Enum):
@@ -43,13 +43,6 @@ class RoutingMethod(enum.Enum):
     """Top-k of the logits, then softmax over the k picked (weights sum to 1)."""
 
 
-def _require_non_negative_int(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name}: expected an int >= 0, got {value}")
-
-
 @attrs.frozen
 class MoeRunnerConfig:
     """Sizes and semantics of an MoE layer as seen by this rank.
@@ -71,8 +64,8 @@ class MoeRunnerConfig:
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_experts", "hidden_size", "intermediate_size_per_partition", "top_k", "num_local_experts"):
-            require_positive_int(name, getattr(self, name))
-        _require_non_negative_int("local_expert_offset", self.local_expert_offset)
+            require_int(name, getattr(self, name), minimum=1)
+        require_int("local_expert_offset", self.local_expert_offset, minimum=0)
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k: expected at most num_experts={self.num_experts}, got {self.top_k}")
         if self.local_expert_offset + self.num_local_experts > self.num_experts:

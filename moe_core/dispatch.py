@@ -64,10 +64,9 @@ class TopKOutput:
                 )
             tensors.append(("router_logits", logits))
         require_same_device(tensors)
-        if self.check_ids and self.router_logits is not None:
-            require_ids_in_range("topk_ids", self.topk_ids, self.router_logits.shape[1], "router_logits columns")
-        elif self.check_ids:
-            require_ids_in_range("topk_ids", self.topk_ids, None, "")
+        if self.check_ids:
+            limit = None if self.router_logits is None else int(self.router_logits.shape[1])
+            require_ids_in_range("topk_ids", self.topk_ids, limit, "router_logits columns")
 
     @property
     def num_tokens(self) -> int:

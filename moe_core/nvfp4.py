@@ -28,6 +28,7 @@ from moe_core._checks import (
     FLOAT_DTYPES,
     require_dtype,
     require_finite,
+    require_ndim,
     require_same_device,
     require_shape,
     require_tensor,
@@ -110,8 +111,7 @@ def _dequantize_blocks(packed: torch.Tensor, scales: torch.Tensor, global_scale:
 def _check_float_input(name: str, x: torch.Tensor, ndim: int, layout: str) -> None:
     require_tensor(name, x)
     require_dtype(name, x, FLOAT_DTYPES)
-    if x.dim() != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-d tensor {layout}, got shape {tuple(x.shape)}")
+    require_ndim(name, x, ndim, layout)
     if x.shape[-1] % BLOCK_SIZE:
         raise ValueError(f"{name}: expected the last dim to be a multiple of {BLOCK_SIZE}, got {x.shape[-1]}")
     require_finite(name, x)
@@ -120,10 +120,7 @@ def _check_float_input(name: str, x: torch.Tensor, ndim: int, layout: str) -> No
 def _check_packed(cls_name: str, packed: torch.Tensor, scales: LinearBlockScales, ndim: int, layout: str) -> None:
     require_tensor(f"{cls_name}.packed", packed)
     require_dtype(f"{cls_name}.packed", packed, (torch.uint8,))
-    if packed.dim() != ndim:
-        raise ValueError(
-            f"{cls_name}.packed: expected a {ndim}-d tensor {layout}, got shape {tuple(packed.shape)}"
-        )
+    require_ndim(f"{cls_name}.packed", packed, ndim, layout)
     if not isinstance(scales, LinearBlockScales):
         raise TypeError(f"{cls_name}.block_scales: expected LinearBlockScales, got {type(scales).__name__}")
     if (2 * packed.shape[-1]) % BLOCK_SIZE:

@@ -13,7 +13,7 @@ BASE = {"num_experts": 8, "hidden_size": 64, "intermediate_size_per_partition": 
 @pytest.mark.parametrize(
     ("changes", "error", "message"),
     [
-        ({"num_experts": 0}, ValueError, "num_experts: expected a positive int, got 0"),
+        ({"num_experts": 0}, ValueError, "num_experts: expected an int >= 1, got 0"),
         ({"hidden_size": 64.0}, TypeError, "hidden_size: expected an int, got float"),
         ({"top_k": 9}, ValueError, "top_k: expected at most num_experts=8, got 9"),
         ({"num_local_experts": 4, "local_expert_offset": 5}, ValueError, r"local experts \[5, 9\) exceed num_experts=8"),
