@@ -4,8 +4,8 @@
 device; ``moe-core check`` builds a random NVFP4 MoE layer, runs it through
 each available backend and prints its error against the reference and its
 time per call; it exits 1 if a backend fails or misses the tolerance.
-Backends are found through the ``moe_core.backends``
-entry-point group, so installed third-party backends show up too.
+Backends are found through the ``moe_core.backends`` entry-point group, so
+installed third-party backends show up too.
 """
 
 from __future__ import annotations

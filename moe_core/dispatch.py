@@ -11,10 +11,10 @@ import torch
 from moe_core._checks import (
     FLOAT_DTYPES,
     require_dtype,
+    require_ids_in_range,
     require_ndim,
     require_same_device,
     require_shape,
-    require_ids_in_range,
     require_tensor,
 )
 

@@ -12,11 +12,11 @@ and follows compressed-tensors' operation order, so codes and scales match it
 bit for bit, including its rule for a block whose scale rounds to zero in
 E4M3 (an all-zero block, or one whose amax is below about 2e-6 of the
 tensor's amax): it stores 0.125 instead, which still encodes every value of
-the block as zero.
-The one difference: the input is upcast to float32 first (compressed-tensors
-divides in the input's dtype). The CUDA kernels multiply by an approximate
-reciprocal instead of dividing, so they may round a value lying within an ulp
-of a midpoint between codes the other way, and store scale 0 for such a block.
+the block as zero. The one difference: the input is upcast to float32 first
+(compressed-tensors divides in the input's dtype). The CUDA kernels multiply
+by an approximate reciprocal instead of dividing, so they may round a value
+lying within an ulp of a midpoint between codes the other way, and store
+scale 0 for such a block.
 """
 
 from __future__ import annotations
@@ -164,8 +164,9 @@ class Nvfp4Tensor:
     def quantize(cls, x: torch.Tensor, global_scale: QuantizeGlobalScale) -> Nvfp4Tensor:
         """Quantize a finite float matrix ``[rows, cols]`` (cols a multiple of 16)."""
         _check_float_input("x", x, 2, "[rows, cols]")
-        packed, scales = _quantize_blocks(x, global_scale.value.to(x.device).reshape(()))
-        return cls(packed, LinearBlockScales(scales), global_scale.to(x.device))
+        scale = global_scale.to(x.device)
+        packed, scales = _quantize_blocks(x, scale.value.reshape(()))
+        return cls(packed, LinearBlockScales(scales), scale)
 
     def to(self, device: torch.device | str) -> Nvfp4Tensor:
         """The same tensor on ``device``."""
@@ -224,8 +225,9 @@ class Nvfp4ExpertWeights:
         if global_scales is None:
             amax = w.detach().abs().amax(dim=(1, 2)).to(torch.float32)
             global_scales = ExpertQuantizeGlobalScales.from_amax(torch.where(amax > 0, amax, NVFP4_RANGE))
-        packed, scales = _quantize_blocks(w, global_scales.value.to(w.device))
-        return cls(packed, LinearBlockScales(scales), global_scales.to(w.device))
+        scales_on_device = global_scales.to(w.device)
+        packed, scales = _quantize_blocks(w, scales_on_device.value)
+        return cls(packed, LinearBlockScales(scales), scales_on_device)
 
     def to(self, device: torch.device | str) -> Nvfp4ExpertWeights:
         """The same weights on ``device``."""
