@@ -44,7 +44,7 @@ def dense_moe_float64(
                 continue
             xt = x[t].double()
             if input_scales is not None:
-                xt = fake_quantize_nvfp4(xt.float()[None], input_scales[0].to("cpu"))[0].double()
+                xt = fake_quantize_nvfp4(xt.float()[None], input_scales[0])[0].double()
             h = w13[local].double() @ xt
             gate, up = h[:inter], h[inter:]
             if config.activation is Activation.SILU_GATED:
@@ -52,7 +52,7 @@ def dense_moe_float64(
             else:
                 act = 0.5 * gate * (1 + torch.erf(gate / 2**0.5)) * up
             if input_scales is not None:
-                act = fake_quantize_nvfp4(act.float()[None], input_scales[1].to("cpu"))[0].double()
+                act = fake_quantize_nvfp4(act.float()[None], input_scales[1])[0].double()
             out[t] += float(weights[t, k]) * (w2[local].double() @ act)
     return out * config.routed_scaling_factor
 
