@@ -6,21 +6,29 @@ any device torch runs on. Two keys, one per quant info:
 - ``REFERENCE_DENSE`` runs unquantized (fp32/bf16/fp16) expert weights;
 - ``REFERENCE_NVFP4`` runs NVFP4 W4A4 the way the FP4 kernels do: each
   GEMM's input is quantized to NVFP4 with its scalar global input scale
-  (16-element E4M3 blocks) and multiplied with the dequantized FP4 weights.
+  (16-element E4M3 blocks) and multiplied with the dequantized FP4 weights,
+  the gate and up halves of w13 each with its own global scale.
   The gated activation is quantized from its float32 value; a kernel that
   writes it as bf16 first may round a few of its codes the other way.
+
+Each takes its format's canonical weights as they are (an identity
+conversion), and checks every value it is given (:func:`check_run_values`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import final
 
 import attrs
 import torch
 
 from moe_core import (
+    DENSE,
+    NVFP4,
     Availability,
     BackendKey,
+    Conversion,
     DenseMoeWeights,
     DispatchFormat,
     DispatchOutput,
@@ -29,8 +37,8 @@ from moe_core import (
     Nvfp4Tensor,
     QuantInfo,
     QuantizeGlobalScale,
-    check_expert_ids,
     check_run_inputs,
+    check_run_values,
     register_backend,
 )
 
@@ -48,7 +56,7 @@ def run_experts(
 ) -> torch.Tensor:
     """Sum each token's local experts' outputs, weighted by top-k and the scaling factor."""
     check_run_inputs(config, dispatch, quant_info, (DispatchFormat.STANDARD,))
-    check_expert_ids(config, dispatch)
+    check_run_values(config, dispatch)
     hidden = dispatch.hidden_states
     ids, weights = dispatch.topk.topk_ids, dispatch.topk.topk_weights
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
@@ -61,13 +69,14 @@ def run_experts(
     return (out * config.routed_scaling_factor).to(hidden.dtype)
 
 
+@final
 @attrs.frozen
 class ReferenceDenseRunner:
     """Runs unquantized experts in float32."""
 
     config: MoeRunnerConfig
 
-    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights) -> torch.Tensor:
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
         """The ``[T, H]`` MoE output."""
 
         def mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
@@ -77,13 +86,14 @@ class ReferenceDenseRunner:
         return run_experts(self.config, dispatch, quant_info, mlp)
 
 
+@final
 @attrs.frozen
 class ReferenceNvfp4Runner:
     """Runs NVFP4 W4A4 experts: FP4 activations and weights, float32 accumulation."""
 
     config: MoeRunnerConfig
 
-    def run(self, dispatch: DispatchOutput, quant_info: Nvfp4MoeWeights) -> torch.Tensor:
+    def run(self, dispatch: DispatchOutput, quant_info: Nvfp4MoeWeights, /) -> torch.Tensor:
         """The ``[T, H]`` MoE output."""
 
         def mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
@@ -106,6 +116,10 @@ def reference_availability(device: torch.device) -> Availability:
     return Availability.available()
 
 
+def _dense_as_is(weights: DenseMoeWeights) -> DenseMoeWeights:
+    return weights
+
+
 def _nvfp4_as_is(weights: Nvfp4MoeWeights) -> Nvfp4MoeWeights:
     return weights
 
@@ -115,12 +129,15 @@ REFERENCE_DENSE: BackendKey[DenseMoeWeights] = register_backend(
     description="PyTorch, unquantized weights, float32 math",
     factory=ReferenceDenseRunner,
     availability=reference_availability,
+    conversions=[Conversion(DENSE, _dense_as_is)],
 )
+"""The oracle of the dense format."""
 
 REFERENCE_NVFP4: BackendKey[Nvfp4MoeWeights] = register_backend(
     "reference-nvfp4",
     description="PyTorch, NVFP4 W4A4 (FP4 activations), float32 math",
     factory=ReferenceNvfp4Runner,
     availability=reference_availability,
-    from_nvfp4=_nvfp4_as_is,
+    conversions=[Conversion(NVFP4, _nvfp4_as_is)],
 )
+"""The oracle of the NVFP4 format."""

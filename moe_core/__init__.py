@@ -1,13 +1,17 @@
 """moe-core: typed backend abstraction for Mixture-of-Experts kernels.
 
-A scheme builds its quant info once after loading, picks a backend by its
-typed key, and runs ``create_runner(key, config).run(dispatch, quant_info)``;
-mypy checks that the quant info is the one that backend takes.
+A scheme loads its layer into canonical weights (a :class:`WeightFormat`),
+picks a backend by its typed key or among the routes of its format, and runs
+``route.bind(config, weights)(dispatch)``, or
+``create_runner(key, config).run(dispatch, quant_info)``; mypy checks that
+the quant info is the one that backend takes.
 """
 
 from moe_core.block_scales import LinearBlockScales, SwizzledBlockScales
 from moe_core.config import Activation, MoeRunnerConfig, RoutingMethod
+from moe_core.conversion import AnyConversion, Conversion, FormatInfo, WeightFormat
 from moe_core.dispatch import DispatchFormat, DispatchOutput, StandardDispatchOutput, TopKOutput
+from moe_core.formats import DENSE, NVFP4
 from moe_core.global_scales import (
     DequantizeGlobalScale,
     ExpertDequantizeGlobalScales,
@@ -16,27 +20,39 @@ from moe_core.global_scales import (
     QuantizeGlobalScale,
 )
 from moe_core.moe_weights import DenseMoeWeights, Nvfp4MoeWeights
-from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4Tensor
+from moe_core.nvfp4 import GateUpScalePolicy, Nvfp4ExpertWeights, Nvfp4GateUpWeights, Nvfp4Tensor
 from moe_core.registry import (
     Availability,
+    BackendChoice,
     BackendEntry,
     BackendKey,
+    BackendSelectionError,
     BoundRunner,
+    FormatRoute,
     MoeForward,
+    Route,
+    Selection,
     create_runner,
     load_entry_point_backends,
     register_backend,
     registered_backends,
+    select_backend,
 )
 from moe_core.routing import select_experts
-from moe_core.runner import QuantInfo, Runner, check_expert_ids, check_run_inputs
+from moe_core.runner import QuantInfo, Runner, check_run_inputs, check_run_values
 
 __all__ = [
+    "DENSE",
+    "NVFP4",
     "Activation",
+    "AnyConversion",
     "Availability",
+    "BackendChoice",
     "BackendEntry",
     "BackendKey",
+    "BackendSelectionError",
     "BoundRunner",
+    "Conversion",
     "DenseMoeWeights",
     "DequantizeGlobalScale",
     "DispatchFormat",
@@ -44,24 +60,32 @@ __all__ = [
     "ExpertDequantizeGlobalScales",
     "ExpertQuantizeGlobalScales",
     "ExpertScalePolicy",
+    "FormatInfo",
+    "FormatRoute",
+    "GateUpScalePolicy",
     "LinearBlockScales",
     "MoeForward",
     "MoeRunnerConfig",
     "Nvfp4ExpertWeights",
+    "Nvfp4GateUpWeights",
     "Nvfp4MoeWeights",
     "Nvfp4Tensor",
     "QuantInfo",
     "QuantizeGlobalScale",
-    "Runner",
+    "Route",
     "RoutingMethod",
+    "Runner",
+    "Selection",
     "StandardDispatchOutput",
     "SwizzledBlockScales",
     "TopKOutput",
-    "check_expert_ids",
+    "WeightFormat",
     "check_run_inputs",
+    "check_run_values",
     "create_runner",
     "load_entry_point_backends",
     "register_backend",
     "registered_backends",
+    "select_backend",
     "select_experts",
 ]

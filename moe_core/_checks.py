@@ -44,6 +44,12 @@ def require_shape(name: str, tensor: torch.Tensor, shape: Sequence[int], layout:
         )
 
 
+def require_nonempty(name: str, tensor: torch.Tensor, layout: str) -> None:
+    """Raise ``ValueError`` if any dim of ``tensor`` has size 0; ``layout`` names the dims."""
+    if tensor.numel() == 0:
+        raise ValueError(f"{name}: expected no empty dim in {layout}, got shape {tuple(tensor.shape)}")
+
+
 def require_same_device(names_and_tensors: Sequence[tuple[str, torch.Tensor]]) -> torch.device:
     """Return the one device all tensors live on, else raise ``ValueError`` listing them."""
     devices = {tensor.device for _, tensor in names_and_tensors}
@@ -54,15 +60,17 @@ def require_same_device(names_and_tensors: Sequence[tuple[str, torch.Tensor]]) -
 
 
 def require_finite(name: str, tensor: torch.Tensor) -> None:
-    """Raise ``ValueError`` if ``tensor`` holds a NaN or an infinity."""
+    """Raise ``ValueError`` if ``tensor`` holds a NaN or an infinity (where values can be read)."""
+    if not values_readable(tensor):
+        return
     if not bool(torch.isfinite(tensor.float()).all()):
         raise ValueError(f"{name}: expected finite values, found NaN or infinity")
 
 
 def require_positive(name: str, tensor: torch.Tensor) -> None:
-    """Raise ``ValueError`` unless every value of ``tensor`` is finite and > 0."""
+    """Raise ``ValueError`` unless every value of ``tensor`` is finite and > 0 (where values can be read)."""
     require_finite(name, tensor)
-    if not bool((tensor > 0).all()):
+    if values_readable(tensor) and not bool((tensor > 0).all()):
         raise ValueError(f"{name}: expected values > 0, got minimum {float(tensor.min())}")
 
 
@@ -75,12 +83,18 @@ def require_int(name: str, value: int, *, minimum: int) -> None:
 
 
 def values_readable(tensor: torch.Tensor) -> bool:
-    """False while ``tensor``'s CUDA stream captures a graph (reading values would break it)."""
+    """False for meta tensors (shapes only) and while ``tensor``'s CUDA stream captures a graph.
+
+    Engines create layers on the meta device first, so constructors check
+    shapes there and values wherever values exist.
+    """
+    if tensor.is_meta:
+        return False
     return not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def require_ids_in_range(name: str, ids: torch.Tensor, limit: int | None, what: str) -> None:
-    """Raise ``ValueError`` unless ``0 <= ids < limit`` (``limit`` None: only ``>= 0``).
+def require_ids_in_range(name: str, ids: torch.Tensor, limit: int, what: str) -> None:
+    """Raise ``ValueError`` unless ``0 <= ids < limit``; ``what`` names the limit.
 
     Reads the ids' extremes from the device: one synchronization, skipped
     while a CUDA graph is being captured.
@@ -90,5 +104,21 @@ def require_ids_in_range(name: str, ids: torch.Tensor, limit: int | None, what: 
     low, high = (int(v) for v in torch.aminmax(ids))
     if low < 0:
         raise ValueError(f"{name}: expected ids >= 0, got {low}")
-    if limit is not None and high >= limit:
+    if high >= limit:
         raise ValueError(f"{name}: expected ids < {limit} ({what}), got {high}")
+
+
+def require_distinct_per_row(name: str, ids: torch.Tensor) -> None:
+    """Raise ``ValueError`` if a row of ``ids [T, K]`` names one value twice.
+
+    Reads the ids (one synchronization, skipped where values cannot be read).
+    """
+    if ids.shape[1] < 2 or ids.numel() == 0 or not values_readable(ids):
+        return
+    ordered = ids.sort(dim=1).values
+    repeats = (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
+    if bool(repeats.any()):
+        row = int(repeats.nonzero()[0, 0])
+        raise ValueError(
+            f"{name}: expected distinct experts in each row, row {row} is {ids[row].tolist()}"
+        )

@@ -4,7 +4,10 @@ Checkpoints store one scale per 16 elements row-major (:class:`LinearBlockScales
 the Blackwell block-scaled GEMMs (CUTLASS, TRT-LLM-gen) read them in the 128x4
 tiled layout (:class:`SwizzledBlockScales`). A kernel's quant info names the one
 it needs, so passing linear scales to a kernel that reads swizzled ones is a
-type error rather than a garbage result.
+type error rather than a garbage result. Neither class has a public
+constructor from a raw tensor: checkpoint scales enter through
+:meth:`LinearBlockScales.from_checkpoint`, swizzled ones only come from
+:meth:`LinearBlockScales.swizzle`.
 
 The 128x4 layout: the scale matrix ``[rows, blocks]`` is padded with zeros to
 ``[ceil(rows/128)*128, ceil(blocks/4)*4]`` and cut into 128x4 tiles stored tile
@@ -14,10 +17,12 @@ sits at ``(m % 32) * 16 + (m // 32) * 4 + k``: 512 bytes a tile.
 
 from __future__ import annotations
 
+from typing import final
+
 import attrs
 import torch
 
-from moe_core._checks import require_dtype, require_int, require_tensor
+from moe_core._checks import require_dtype, require_int, require_tensor, values_readable
 
 SWIZZLE_ROWS = 128
 """Rows of scales in one 128x4 tile."""
@@ -34,6 +39,8 @@ def _check_scale_values(name: str, data: torch.Tensor) -> None:
     require_dtype(name, data, (torch.float8_e4m3fn,))
     if data.dim() < 2:
         raise ValueError(f"{name}: expected a tensor [..., rows, blocks], got shape {tuple(data.shape)}")
+    if not values_readable(data):
+        return
     as_float = data.float()
     if bool(torch.isnan(as_float).any()):
         raise ValueError(f"{name}: expected no NaN scales (E4M3 code 0x7f/0xff), found some")
@@ -41,14 +48,20 @@ def _check_scale_values(name: str, data: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected scales >= 0, found negative ones")
 
 
-@attrs.frozen
+@final
+@attrs.frozen(eq=False)
 class LinearBlockScales:
     """Row-major E4M3 scales ``[..., rows, cols / 16]``, one per 16 elements of a row."""
 
-    data: torch.Tensor
+    data: torch.Tensor = attrs.field(alias="_data", kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         _check_scale_values("LinearBlockScales.data", self.data)
+
+    @classmethod
+    def from_checkpoint(cls, data: torch.Tensor) -> LinearBlockScales:
+        """Scales as checkpoints store them: row-major E4M3 ``[..., rows, cols / 16]``."""
+        return cls(_data=data)
 
     @property
     def rows(self) -> int:
@@ -57,7 +70,7 @@ class LinearBlockScales:
 
     def to(self, device: torch.device | str) -> LinearBlockScales:
         """The same scales on ``device``."""
-        return LinearBlockScales(self.data.to(device))
+        return LinearBlockScales(_data=self.data.to(device))
 
     @property
     def blocks(self) -> int:
@@ -79,10 +92,13 @@ class LinearBlockScales:
         nb = len(batch)
         order = (*range(nb), nb, nb + 3, nb + 2, nb + 1, nb + 4)
         swizzled = tiles.permute(order).reshape(*batch, padded_rows, padded_blocks)
-        return SwizzledBlockScales(swizzled.contiguous().view(torch.float8_e4m3fn), rows=rows, blocks=blocks)
+        return SwizzledBlockScales(
+            _data=swizzled.contiguous().view(torch.float8_e4m3fn), _rows=rows, _blocks=blocks
+        )
 
 
-@attrs.frozen
+@final
+@attrs.frozen(eq=False)
 class SwizzledBlockScales:
     """E4M3 scales in the 128x4 tiled layout, ``[..., padded_rows, padded_blocks]``.
 
@@ -90,9 +106,11 @@ class SwizzledBlockScales:
     padded extent; ``rows`` and ``blocks`` keep the logical scale matrix size.
     """
 
-    data: torch.Tensor
-    rows: int
-    blocks: int
+    data: torch.Tensor = attrs.field(alias="_data", kw_only=True)
+    rows: int = attrs.field(alias="_rows", kw_only=True)
+    """Rows of the logical scale matrix."""
+    blocks: int = attrs.field(alias="_blocks", kw_only=True)
+    """Scale columns of the logical scale matrix."""
 
     def __attrs_post_init__(self) -> None:
         require_int("SwizzledBlockScales.rows", self.rows, minimum=1)
@@ -117,4 +135,4 @@ class SwizzledBlockScales:
         nb = len(batch)
         order = (*range(nb), nb, nb + 3, nb + 2, nb + 1, nb + 4)
         linear = tiles.permute(order).reshape(*batch, padded_rows, padded_blocks)
-        return LinearBlockScales(linear[..., : self.rows, : self.blocks].contiguous().view(torch.float8_e4m3fn))
+        return LinearBlockScales(_data=linear[..., : self.rows, : self.blocks].contiguous().view(torch.float8_e4m3fn))

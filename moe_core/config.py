@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import final
 
 import attrs
 import torch
@@ -43,6 +44,7 @@ class RoutingMethod(enum.Enum):
     """Top-k of the logits, then softmax over the k picked (weights sum to 1)."""
 
 
+@final
 @attrs.frozen
 class MoeRunnerConfig:
     """Sizes and semantics of an MoE layer as seen by this rank.

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import enum
-from typing import Protocol
+from typing import Protocol, final
 
 import attrs
 import torch
 
 from moe_core._checks import (
     FLOAT_DTYPES,
+    require_distinct_per_row,
     require_dtype,
+    require_finite,
     require_ids_in_range,
+    require_int,
     require_ndim,
     require_same_device,
     require_shape,
@@ -26,27 +29,34 @@ class DispatchFormat(enum.Enum):
     """All of this rank's tokens, unpermuted, with their global top-k routing."""
 
 
-@attrs.frozen
+@final
+@attrs.frozen(eq=False)
 class TopKOutput:
     """The router's choice for each token.
 
-    ``topk_ids`` are global expert ids (int32 ``[T, K]``), ``topk_weights`` their
-    float32 weights; ``router_logits`` (``[T, E]``) is kept for kernels that
-    route internally.
+    ``topk_ids`` are global expert ids (int32 ``[T, K]``, each in
+    ``[0, num_experts)``, distinct within a row: top-k routing never picks an
+    expert twice), ``topk_weights`` their float32 weights; ``router_logits``
+    (``[T, num_experts]``) is kept for kernels that route internally.
 
-    The constructor checks dtypes, shapes and devices from metadata alone. It
-    also checks that ids are in range, which reads them back from the device
-    (one synchronization); a serving loop that builds one per forward passes
-    ``check_ids=False``, and the check is skipped while a CUDA graph is being
-    captured, where reading values is impossible.
+    The constructor checks dtypes, shapes and devices from metadata alone.
+    With ``check_values`` (the default) it also reads the values back: ids in
+    range and distinct per row, weights finite (two synchronizations). A
+    serving loop that builds one per forward passes ``check_values=False``;
+    the value checks are skipped on meta tensors and while a CUDA graph is
+    being captured. Unchecked duplicate ids are outside the contract: kernels
+    differ (most add each slot's contribution, so the expert counts twice).
     """
 
     topk_ids: torch.Tensor
     topk_weights: torch.Tensor
     router_logits: torch.Tensor | None = None
-    check_ids: bool = attrs.field(default=True, kw_only=True, repr=False)
+    num_experts: int = attrs.field(kw_only=True)
+    """Experts of the whole layer (global ids), the bound every id is below."""
+    check_values: bool = attrs.field(default=True, kw_only=True, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        require_int("num_experts", self.num_experts, minimum=1)
         require_tensor("topk_ids", self.topk_ids)
         require_tensor("topk_weights", self.topk_weights)
         require_dtype("topk_ids", self.topk_ids, (torch.int32,))
@@ -58,15 +68,16 @@ class TopKOutput:
             logits = require_tensor("router_logits", self.router_logits)
             require_ndim("router_logits", logits, 2, "[num_tokens, num_experts]")
             require_dtype("router_logits", logits, FLOAT_DTYPES)
-            if logits.shape[0] != self.num_tokens:
-                raise ValueError(
-                    f"router_logits: expected {self.num_tokens} rows like topk_ids, got {logits.shape[0]}"
-                )
+            expected = (self.num_tokens, self.num_experts)
+            require_shape("router_logits", logits, expected, "[num_tokens like topk_ids, num_experts]")
             tensors.append(("router_logits", logits))
         require_same_device(tensors)
-        if self.check_ids:
-            limit = None if self.router_logits is None else int(self.router_logits.shape[1])
-            require_ids_in_range("topk_ids", self.topk_ids, limit, "router_logits columns")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"topk_ids: expected at most num_experts={self.num_experts} columns, got {self.top_k}")
+        if self.check_values:
+            require_ids_in_range("topk_ids", self.topk_ids, self.num_experts, "num_experts")
+            require_distinct_per_row("topk_ids", self.topk_ids)
+            require_finite("topk_weights", self.topk_weights)
 
     @property
     def num_tokens(self) -> int:
@@ -98,7 +109,8 @@ class DispatchOutput(Protocol):
         ...
 
 
-@attrs.frozen
+@final
+@attrs.frozen(eq=False)
 class StandardDispatchOutput:
     """Tokens in their original order with their top-k routing (no all-to-all)."""
 

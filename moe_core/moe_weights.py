@@ -1,22 +1,33 @@
 """moe-core's canonical expert weights: what a scheme holds after loading.
 
-These are the quant info of the reference backend, and the common source a
+These are the quant info of the reference backends, and the common source a
 kernel backend converts once into its own quant info (shuffled, swizzled,
-with precomputed alphas) through its key's ``from_nvfp4`` hook.
+with precomputed alphas) through the conversions it registers per format
+(:mod:`moe_core.formats`).
 
 Layout: ``w13`` is ``[E, 2 * I, H]`` with the gate rows first (w1, then w3),
 ``w2`` is ``[E, H, I]``; both are ``out_features x in_features`` like
-``nn.Linear.weight``.
+``nn.Linear.weight``. Fields are keyword-only: several share a type, and a
+swapped pair would run and silently give another layer.
 """
 
 from __future__ import annotations
 
+from typing import final
+
 import attrs
 import torch
 
-from moe_core._checks import FLOAT_DTYPES, require_dtype, require_ndim, require_same_device, require_tensor
+from moe_core._checks import (
+    FLOAT_DTYPES,
+    require_dtype,
+    require_finite,
+    require_ndim,
+    require_same_device,
+    require_tensor,
+)
 from moe_core.global_scales import QuantizeGlobalScale
-from moe_core.nvfp4 import Nvfp4ExpertWeights
+from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights
 
 
 def _shape3(tensor: torch.Tensor) -> tuple[int, int, int]:
@@ -36,9 +47,10 @@ def _check_expert_shapes(cls_name: str, w13: tuple[int, int, int], w2: tuple[int
         )
 
 
-@attrs.frozen
+@final
+@attrs.frozen(eq=False, kw_only=True)
 class DenseMoeWeights:
-    """Unquantized expert weights in fp32, bf16 or fp16."""
+    """Unquantized expert weights in fp32, bf16 or fp16, finite (checked where values exist)."""
 
     w13: torch.Tensor
     """``[E, 2 * I, H]``, gate rows then up rows."""
@@ -50,6 +62,7 @@ class DenseMoeWeights:
             require_tensor(name, tensor)
             require_dtype(name, tensor, FLOAT_DTYPES)
             require_ndim(name, tensor, 3, "[num_experts, out_features, in_features]")
+            require_finite(name, tensor)
         if self.w13.dtype != self.w2.dtype:
             raise TypeError(f"DenseMoeWeights.w2: expected dtype {self.w13.dtype} like w13, got {self.w2.dtype}")
         _check_expert_shapes("DenseMoeWeights", _shape3(self.w13), _shape3(self.w2))
@@ -76,31 +89,34 @@ class DenseMoeWeights:
         return self.w13.device
 
 
-@attrs.frozen
+@final
+@attrs.frozen(eq=False, kw_only=True)
 class Nvfp4MoeWeights:
     """NVFP4 W4A4 expert weights with the static input scales of both GEMMs.
 
+    ``w13`` keeps the gate and up halves' global scales apart;
     ``w13_input_scale`` quantizes the hidden states entering the first GEMM,
     ``w2_input_scale`` the gated activation entering the second; each is the
     one scalar the FP4 kernels take, not a per-expert tensor.
     """
 
-    w13: Nvfp4ExpertWeights
+    w13: Nvfp4GateUpWeights
     w2: Nvfp4ExpertWeights
     w13_input_scale: QuantizeGlobalScale
     w2_input_scale: QuantizeGlobalScale
 
     def __attrs_post_init__(self) -> None:
-        for name, weights in (("w13", self.w13), ("w2", self.w2)):
-            if not isinstance(weights, Nvfp4ExpertWeights):
-                raise TypeError(f"Nvfp4MoeWeights.{name}: expected Nvfp4ExpertWeights, got {type(weights).__name__}")
+        if not isinstance(self.w13, Nvfp4GateUpWeights):
+            raise TypeError(f"Nvfp4MoeWeights.w13: expected Nvfp4GateUpWeights, got {type(self.w13).__name__}")
+        if not isinstance(self.w2, Nvfp4ExpertWeights):
+            raise TypeError(f"Nvfp4MoeWeights.w2: expected Nvfp4ExpertWeights, got {type(self.w2).__name__}")
         for name, scale in (("w13_input_scale", self.w13_input_scale), ("w2_input_scale", self.w2_input_scale)):
             if not isinstance(scale, QuantizeGlobalScale):
                 raise TypeError(f"Nvfp4MoeWeights.{name}: expected QuantizeGlobalScale, got {type(scale).__name__}")
         _check_expert_shapes("Nvfp4MoeWeights", self.w13.shape, self.w2.shape)
         require_same_device(
             [
-                ("w13", self.w13.packed),
+                ("w13", self.w13.gate.packed),
                 ("w2", self.w2.packed),
                 ("w13_input_scale", self.w13_input_scale.value),
                 ("w2_input_scale", self.w2_input_scale.value),
@@ -125,14 +141,17 @@ class Nvfp4MoeWeights:
     @property
     def device(self) -> torch.device:
         """Where the weights live."""
-        return self.w13.packed.device
+        return self.w2.packed.device
 
     def to(self, device: torch.device | str) -> Nvfp4MoeWeights:
         """The same weights and scales on ``device``."""
         return Nvfp4MoeWeights(
-            self.w13.to(device), self.w2.to(device), self.w13_input_scale.to(device), self.w2_input_scale.to(device)
+            w13=self.w13.to(device),
+            w2=self.w2.to(device),
+            w13_input_scale=self.w13_input_scale.to(device),
+            w2_input_scale=self.w2_input_scale.to(device),
         )
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> DenseMoeWeights:
         """The dense weights the codes stand for (the input scales are dropped)."""
-        return DenseMoeWeights(self.w13.dequantize(dtype), self.w2.dequantize(dtype))
+        return DenseMoeWeights(w13=self.w13.dequantize(dtype), w2=self.w2.dequantize(dtype))

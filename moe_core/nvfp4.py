@@ -21,6 +21,9 @@ scale 0 for such a block.
 
 from __future__ import annotations
 
+import enum
+from typing import final
+
 import attrs
 import torch
 
@@ -28,10 +31,13 @@ from moe_core._checks import (
     FLOAT_DTYPES,
     require_dtype,
     require_finite,
+    require_int,
     require_ndim,
+    require_nonempty,
     require_same_device,
     require_shape,
     require_tensor,
+    values_readable,
 )
 from moe_core.block_scales import LinearBlockScales
 from moe_core.global_scales import E2M1_MAX, E4M3_MAX, NVFP4_RANGE, ExpertQuantizeGlobalScales, QuantizeGlobalScale
@@ -112,6 +118,7 @@ def _check_float_input(name: str, x: torch.Tensor, ndim: int, layout: str) -> No
     require_tensor(name, x)
     require_dtype(name, x, FLOAT_DTYPES)
     require_ndim(name, x, ndim, layout)
+    require_nonempty(name, x, layout)
     if x.shape[-1] % BLOCK_SIZE:
         raise ValueError(f"{name}: expected the last dim to be a multiple of {BLOCK_SIZE}, got {x.shape[-1]}")
     require_finite(name, x)
@@ -131,7 +138,8 @@ def _check_packed(cls_name: str, packed: torch.Tensor, scales: LinearBlockScales
     require_shape(f"{cls_name}.block_scales", scales.data, expected, "(one scale per 16 elements)")
 
 
-@attrs.frozen
+@final
+@attrs.frozen(eq=False)
 class Nvfp4Tensor:
     """One NVFP4 matrix ``[rows, cols]`` with a scalar global scale (an activation)."""
 
@@ -166,7 +174,7 @@ class Nvfp4Tensor:
         _check_float_input("x", x, 2, "[rows, cols]")
         scale = global_scale.to(x.device)
         packed, scales = _quantize_blocks(x, scale.value.reshape(()))
-        return cls(packed, LinearBlockScales(scales), scale)
+        return cls(packed, LinearBlockScales.from_checkpoint(scales), scale)
 
     def to(self, device: torch.device | str) -> Nvfp4Tensor:
         """The same tensor on ``device``."""
@@ -178,7 +186,8 @@ class Nvfp4Tensor:
         return _dequantize_blocks(self.packed, self.block_scales.data, gs).to(dtype)
 
 
-@attrs.frozen
+@final
+@attrs.frozen(eq=False)
 class Nvfp4ExpertWeights:
     """Stacked NVFP4 expert matrices ``[E, rows, cols]``, one global scale per expert."""
 
@@ -225,9 +234,15 @@ class Nvfp4ExpertWeights:
         if global_scales is None:
             amax = w.detach().abs().amax(dim=(1, 2)).to(torch.float32)
             global_scales = ExpertQuantizeGlobalScales.from_amax(torch.where(amax > 0, amax, NVFP4_RANGE))
+        elif not isinstance(global_scales, ExpertQuantizeGlobalScales):
+            raise TypeError(f"global_scales: expected ExpertQuantizeGlobalScales, got {type(global_scales).__name__}")
+        elif global_scales.num_experts != w.shape[0]:
+            raise ValueError(
+                f"global_scales: expected {w.shape[0]} scales, one per expert of w, got {global_scales.num_experts}"
+            )
         scales_on_device = global_scales.to(w.device)
         packed, scales = _quantize_blocks(w, scales_on_device.value)
-        return cls(packed, LinearBlockScales(scales), scales_on_device)
+        return cls(packed, LinearBlockScales.from_checkpoint(scales), scales_on_device)
 
     def to(self, device: torch.device | str) -> Nvfp4ExpertWeights:
         """The same weights on ``device``."""
@@ -238,6 +253,118 @@ class Nvfp4ExpertWeights:
         return _dequantize_blocks(self.packed, self.block_scales.data, self.global_scales.value).to(dtype)
 
     def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """One expert's matrix ``[rows, cols]`` in ``dtype``."""
+        """One expert's matrix ``[rows, cols]`` in ``dtype`` (``0 <= expert < E``)."""
+        _check_expert_index(expert, self.shape[0])
         gs = self.global_scales.value[expert]
         return _dequantize_blocks(self.packed[expert], self.block_scales.data[expert], gs).to(dtype)
+
+
+def _check_expert_index(expert: int, num_experts: int) -> None:
+    require_int("expert", expert, minimum=0)
+    if expert >= num_experts:
+        raise ValueError(f"expert: expected an index below num_experts={num_experts}, got {expert}")
+
+
+class GateUpScalePolicy(enum.Enum):
+    """How a kernel with one FC1 global scale per expert takes w1 and w3 whose scales differ.
+
+    Checkpoints quantize gate (w1) and up (w3) separately, and their global
+    scales often differ (vLLM issue 54974: 69% of pairs in one checkpoint,
+    up to 10x). Fusing them with ``[:, 0]`` dequantizes the up half with the
+    gate's scale: a silently wrong layer, shipped by SGLang, vLLM and TensorRT-LLM.
+    """
+
+    REQUIRE_EQUAL = "require_equal"
+    """Each expert's two scales must be equal (bit for bit); otherwise raise."""
+    RESCALE_BLOCK_SCALES = "rescale_block_scales"
+    """Share the smaller quantize-side scale (the larger amax) and multiply the
+    other half's E4M3 block scales by the ratio, rounding them to E4M3 again
+    (relative error at most 2^-4 per block); the FP4 codes stay as they are."""
+
+
+@final
+@attrs.frozen(eq=False)
+class Nvfp4GateUpWeights:
+    """The fused first GEMM ``w13 [E, 2 * I, H]``: gate rows (w1) then up rows (w3).
+
+    Each half keeps its own per-expert global scales, exactly as the
+    checkpoint holds them; :meth:`with_shared_global_scales` reconciles them,
+    by a named policy, for kernels that take one scale per expert.
+    """
+
+    gate: Nvfp4ExpertWeights = attrs.field(kw_only=True)
+    """w1, ``[E, I, H]``."""
+    up: Nvfp4ExpertWeights = attrs.field(kw_only=True)
+    """w3, ``[E, I, H]``."""
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("gate", "up"):
+            half = getattr(self, name)
+            if not isinstance(half, Nvfp4ExpertWeights):
+                raise TypeError(f"Nvfp4GateUpWeights.{name}: expected Nvfp4ExpertWeights, got {type(half).__name__}")
+        if self.gate.shape != self.up.shape:
+            raise ValueError(f"Nvfp4GateUpWeights.up: expected shape {self.gate.shape} like gate, got {self.up.shape}")
+        require_same_device([("gate", self.gate.packed), ("up", self.up.packed)])
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The logical ``(num_experts, 2 * I, H)``."""
+        experts, rows, cols = self.gate.shape
+        return experts, 2 * rows, cols
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.gate.packed.device
+
+    @classmethod
+    def quantize(cls, w13: torch.Tensor) -> Nvfp4GateUpWeights:
+        """Quantize ``w13 [E, 2 * I, H]`` (gate rows first), each half with the global scales of its own amax."""
+        _check_float_input("w13", w13, 3, "[num_experts, 2 * intermediate, hidden]")
+        if w13.shape[1] % 2:
+            raise ValueError(f"w13: expected an even row count [gate | up], got {w13.shape[1]}")
+        gate, up = w13.chunk(2, dim=1)
+        return cls(gate=Nvfp4ExpertWeights.quantize(gate), up=Nvfp4ExpertWeights.quantize(up))
+
+    def to(self, device: torch.device | str) -> Nvfp4GateUpWeights:
+        """The same weights on ``device``."""
+        return Nvfp4GateUpWeights(gate=self.gate.to(device), up=self.up.to(device))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The values the codes stand for, ``[E, 2 * I, H]``, each half with its own scales."""
+        return torch.cat((self.gate.dequantize(dtype), self.up.dequantize(dtype)), dim=1)
+
+    def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """One expert's ``[2 * I, H]`` in ``dtype``, each half with its own scale."""
+        return torch.cat((self.gate.dequantize_expert(expert, dtype), self.up.dequantize_expert(expert, dtype)))
+
+    def with_shared_global_scales(self, policy: GateUpScalePolicy) -> Nvfp4ExpertWeights:
+        """The fused ``[E, 2 * I, H]`` weights with one global scale per expert, under ``policy``.
+
+        Values stay exact where the halves agree; under
+        ``RESCALE_BLOCK_SCALES`` the rescaled half moves by the E4M3 rounding
+        of its block scales, and a block scale that falls below E4M3's
+        smallest value becomes 0 (that block reads as zeros).
+        """
+        if not isinstance(policy, GateUpScalePolicy):
+            raise TypeError(f"policy: expected a GateUpScalePolicy, got {policy!r}")
+        gate_gs, up_gs = self.gate.global_scales.value, self.up.global_scales.value
+        packed = torch.cat((self.gate.packed, self.up.packed), dim=1)
+        if policy is GateUpScalePolicy.REQUIRE_EQUAL:
+            if values_readable(gate_gs) and not torch.equal(gate_gs, up_gs):
+                differ = (gate_gs != up_gs).nonzero().flatten().tolist()
+                raise ValueError(
+                    f"w13: gate and up global scales differ for experts {differ[:8]}"
+                    f"{' ...' if len(differ) > 8 else ''} (up/gate up to {float((up_gs / gate_gs).max()):.4g}); "
+                    "a kernel with one FC1 scale needs them equal, or pass "
+                    "policy=GateUpScalePolicy.RESCALE_BLOCK_SCALES"
+                )
+            scales = torch.cat((self.gate.block_scales.data, self.up.block_scales.data), dim=1)
+            return Nvfp4ExpertWeights(packed, LinearBlockScales.from_checkpoint(scales), self.gate.global_scales)
+        shared = torch.minimum(gate_gs, up_gs)
+        halves = []
+        for half, own in ((self.gate, gate_gs), (self.up, up_gs)):
+            ratio = (shared / own).reshape(-1, 1, 1)
+            halves.append((half.block_scales.data.to(torch.float32) * ratio).to(torch.float8_e4m3fn))
+        fused_scales = ExpertQuantizeGlobalScales.from_checkpoint(shared)
+        return Nvfp4ExpertWeights(packed, LinearBlockScales.from_checkpoint(torch.cat(halves, dim=1)), fused_scales)

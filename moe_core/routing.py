@@ -24,4 +24,4 @@ def select_experts(router_logits: torch.Tensor, config: MoeRunnerConfig) -> TopK
     else:
         top_logits, ids = logits.topk(config.top_k, dim=-1)
         weights = torch.softmax(top_logits, dim=-1)
-    return TopKOutput(ids.to(torch.int32), weights, router_logits)
+    return TopKOutput(ids.to(torch.int32), weights, router_logits, num_experts=config.num_experts)

@@ -6,7 +6,7 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from moe_core._checks import require_ids_in_range
+from moe_core._checks import require_distinct_per_row, require_finite, require_ids_in_range
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import DispatchFormat, DispatchOutput
 
@@ -47,6 +47,8 @@ class Runner(Protocol[QuantInfoT_contra]):
     """Runs one MoE layer's experts for a dispatch, with one backend's quant info.
 
     ``Runner[Q]`` accepts only ``Q``: mypy rejects another backend's quant info.
+    ``run`` takes its arguments by position only, so a runner may name its
+    parameters as it likes without breaking a caller.
     """
 
     @property
@@ -54,7 +56,7 @@ class Runner(Protocol[QuantInfoT_contra]):
         """The layer this runner was created for."""
         ...
 
-    def run(self, dispatch: DispatchOutput, quant_info: QuantInfoT_contra) -> torch.Tensor:
+    def run(self, dispatch: DispatchOutput, quant_info: QuantInfoT_contra, /) -> torch.Tensor:
         """The ``[T, H]`` output, in the dtype of ``dispatch.hidden_states``."""
         ...
 
@@ -66,7 +68,7 @@ def check_run_inputs(
 
     For backend authors: call it at the top of ``run``. It reads metadata only
     (no device synchronization, safe under CUDA graph capture); see
-    :func:`check_expert_ids` for the ids' values.
+    :func:`check_run_values` for the values.
     """
     if dispatch.format not in formats:
         wanted = ", ".join(f.value for f in formats)
@@ -90,10 +92,16 @@ def check_run_inputs(
         raise ValueError(f"topk_ids: expected {config.top_k} columns (top_k), got {topk.top_k}")
 
 
-def check_expert_ids(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:
-    """Raise ``ValueError`` unless every top-k id is a global expert id of ``config``.
+def check_run_values(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:
+    """Raise ``ValueError`` unless the dispatch's values are valid for ``config``.
 
-    Reads the ids back (one device synchronization; skipped during CUDA graph
-    capture): for reference and debugging runners, not for kernels' hot paths.
+    Every top-k id a global expert id of ``config`` and distinct within its
+    row, top-k weights and hidden states finite. Reads the values back (device
+    synchronizations; skipped on meta and during CUDA graph capture): for
+    reference and debugging runners, not for kernels' hot paths.
     """
-    require_ids_in_range("topk_ids", dispatch.topk.topk_ids, config.num_experts, "num_experts")
+    topk = dispatch.topk
+    require_ids_in_range("topk_ids", topk.topk_ids, config.num_experts, "num_experts")
+    require_distinct_per_row("topk_ids", topk.topk_ids)
+    require_finite("topk_weights", topk.topk_weights)
+    require_finite("hidden_states", dispatch.hidden_states)

@@ -9,34 +9,56 @@ import torch
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput
 from moe_core.global_scales import QuantizeGlobalScale
-from moe_core.moe_weights import Nvfp4MoeWeights
-from moe_core.nvfp4 import Nvfp4ExpertWeights
+from moe_core.moe_weights import DenseMoeWeights, Nvfp4MoeWeights
+from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights
 from moe_core.routing import select_experts
+
+
+def random_dense_layer(
+    config: MoeRunnerConfig, num_tokens: int, dtype: torch.dtype, device: torch.device, seed: int
+) -> tuple[DenseMoeWeights, StandardDispatchOutput]:
+    """Random float32 expert weights and a routed batch of ``dtype`` activations.
+
+    Weights are N(0, 1/fan_in), so activations stay O(1); each expert's up
+    rows are scaled by its own random factor (0.4x to 2.5x), so that NVFP4
+    quantization gives gate and up different global scales, as real
+    checkpoints have them.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    experts, hidden, inter = config.num_local_experts, config.hidden_size, config.intermediate_size_per_partition
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)
+    w13[:, inter:] *= torch.exp(torch.empty(experts, 1, 1).uniform_(-0.9, 0.9, generator=gen))
+    w2 = torch.randn(experts, hidden, inter, generator=gen) / math.sqrt(inter)
+    x = torch.randn(num_tokens, hidden, generator=gen).to(dtype)
+    logits = torch.randn(num_tokens, config.num_experts, generator=gen)
+    dispatch = StandardDispatchOutput(x.to(device), select_experts(logits.to(device), config))
+    return DenseMoeWeights(w13=w13.to(device), w2=w2.to(device)), dispatch
+
+
+def quantize_nvfp4_layer(
+    config: MoeRunnerConfig, dense: DenseMoeWeights, dispatch: StandardDispatchOutput
+) -> Nvfp4MoeWeights:
+    """``dense`` quantized to NVFP4, with static input scales calibrated on ``dispatch``.
+
+    The input scales take the amax of this batch's GEMM inputs over all local
+    experts; the weights' global scales come from each expert's (and each
+    half's) own amax.
+    """
+    w13 = Nvfp4GateUpWeights.quantize(dense.w13)
+    x = dispatch.hidden_states.float()
+    gate_up = torch.einsum("th,eih->eti", x, w13.dequantize())
+    activation_amax = config.activation.apply(gate_up).abs().amax()
+    return Nvfp4MoeWeights(
+        w13=w13,
+        w2=Nvfp4ExpertWeights.quantize(dense.w2),
+        w13_input_scale=QuantizeGlobalScale.from_amax(x.abs().amax()),
+        w2_input_scale=QuantizeGlobalScale.from_amax(activation_amax),
+    )
 
 
 def random_nvfp4_layer(
     config: MoeRunnerConfig, num_tokens: int, dtype: torch.dtype, device: torch.device, seed: int
 ) -> tuple[Nvfp4MoeWeights, StandardDispatchOutput]:
-    """Random NVFP4 expert weights and a routed batch, with input scales calibrated on it.
-
-    Weights are N(0, 1/fan_in), so activations stay O(1); the static input
-    scales take the amax of this batch's GEMM inputs over all local experts.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    experts, hidden, inter = config.num_local_experts, config.hidden_size, config.intermediate_size_per_partition
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)
-    w2 = torch.randn(experts, hidden, inter, generator=gen) / math.sqrt(inter)
-    x = torch.randn(num_tokens, hidden, generator=gen).to(dtype)
-    logits = torch.randn(num_tokens, config.num_experts, generator=gen)
-    w13_q = Nvfp4ExpertWeights.quantize(w13.to(device))
-    w2_q = Nvfp4ExpertWeights.quantize(w2.to(device))
-    gate_up = torch.einsum("th,eih->eti", x.float().to(device), w13_q.dequantize())
-    activation_amax = config.activation.apply(gate_up).abs().amax()
-    weights = Nvfp4MoeWeights(
-        w13_q,
-        w2_q,
-        QuantizeGlobalScale.from_amax(x.float().abs().amax()).to(device),
-        QuantizeGlobalScale.from_amax(activation_amax).to(device),
-    )
-    dispatch = StandardDispatchOutput(x.to(device), select_experts(logits.to(device), config))
-    return weights, dispatch
+    """A random layer (see :func:`random_dense_layer`) quantized to NVFP4 (see :func:`quantize_nvfp4_layer`)."""
+    dense, dispatch = random_dense_layer(config, num_tokens, dtype, device, seed)
+    return quantize_nvfp4_layer(config, dense, dispatch), dispatch

@@ -8,7 +8,7 @@ import secrets
 import pytest
 import torch
 
-import backends.reference  # noqa: F401  # registers the reference backends
+import moe_core.backends.reference  # noqa: F401  # registers the reference backends
 
 
 @pytest.fixture

@@ -25,9 +25,11 @@ def offset_128x4(m: int, k: int, padded_blocks: int) -> int:
 def test_swizzle_places_every_scale_at_the_kernel_offset(
     gen: torch.Generator, rows: int, blocks: int, device: torch.device
 ) -> None:
-    linear = LinearBlockScales(random_scales(gen, rows, blocks))
+    linear = LinearBlockScales.from_checkpoint(random_scales(gen, rows, blocks))
 
-    swizzled = SwizzledBlockScales(linear.to(device).swizzle().data.cpu(), rows=rows, blocks=blocks)
+    swizzled = linear.to(device).swizzle()
+    assert swizzled.data.device.type == device.type
+    swizzled = SwizzledBlockScales(_data=swizzled.data.cpu(), _rows=rows, _blocks=blocks)
 
     padded_rows, padded_blocks = swizzled.data.shape
     assert (padded_rows % 128, padded_blocks % 4) == (0, 0)
@@ -43,26 +45,26 @@ def test_swizzle_places_every_scale_at_the_kernel_offset(
 
 def test_swizzle_round_trips_with_batch_dims(gen: torch.Generator) -> None:
     data = random_scales(gen, 3, 200, 10)
-    linear = LinearBlockScales(data)
+    linear = LinearBlockScales.from_checkpoint(data)
 
     swizzled = linear.swizzle()
 
     assert swizzled.data.shape == (3, 256, 12)
     for expert in range(3):
-        alone = LinearBlockScales(data[expert]).swizzle()
+        alone = LinearBlockScales.from_checkpoint(data[expert]).swizzle()
         assert torch.equal(swizzled.data[expert].view(torch.uint8), alone.data.view(torch.uint8))
     assert torch.equal(swizzled.unswizzle().data.view(torch.uint8), data.view(torch.uint8))
 
 
 def test_block_scale_constructors_reject_bad_input(gen: torch.Generator) -> None:
     with pytest.raises(TypeError, match=r"LinearBlockScales.data: expected dtype torch.float8_e4m3fn"):
-        LinearBlockScales(torch.ones(4, 2))
+        LinearBlockScales.from_checkpoint(torch.ones(4, 2))
     with pytest.raises(ValueError, match="rows, blocks"):
-        LinearBlockScales(torch.ones(4).to(torch.float8_e4m3fn))
+        LinearBlockScales.from_checkpoint(torch.ones(4).to(torch.float8_e4m3fn))
     with pytest.raises(ValueError, match="NaN"):
-        LinearBlockScales(torch.full((2, 2), float("nan")).to(torch.float8_e4m3fn))
+        LinearBlockScales.from_checkpoint(torch.full((2, 2), float("nan")).to(torch.float8_e4m3fn))
     with pytest.raises(ValueError, match=">= 0"):
-        LinearBlockScales(torch.full((2, 2), -1.0).to(torch.float8_e4m3fn))
-    swizzled = LinearBlockScales(random_scales(gen, 130, 6)).swizzle()
+        LinearBlockScales.from_checkpoint(torch.full((2, 2), -1.0).to(torch.float8_e4m3fn))
+    swizzled = LinearBlockScales.from_checkpoint(random_scales(gen, 130, 6)).swizzle()
     with pytest.raises(ValueError, match=r"expected last dims \(128, 8\) for rows=100"):
-        SwizzledBlockScales(swizzled.data, rows=100, blocks=6)
+        SwizzledBlockScales(_data=swizzled.data, _rows=100, _blocks=6)

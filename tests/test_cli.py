@@ -1,63 +1,124 @@
-"""The ``moe-core`` command as a user runs it."""
+"""The ``moe-core`` command as a user runs it, faulty plugins included."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from importlib.metadata import EntryPoint, entry_points
 
 import pytest
 
-from backends.reference import ReferenceNvfp4Runner, reference_availability
-from moe_core import BackendKey, Nvfp4MoeWeights, registry
+from moe_core import registry
 from moe_core.cli import format_table, main
+from moe_core.registry import ENTRY_POINT_GROUP
+
+SMALL = ["--tokens", "6", "--experts", "4", "--hidden", "32", "--intermediate", "32", "--iters", "1"]
+
+
+def table_rows(out: str) -> dict[str, list[str]]:
+    """Rows of the last table in ``out`` keyed by '<format> <backend>' (or the first cell), split on 2+ spaces."""
+    lines = out.splitlines()
+    rule = max(index for index, line in enumerate(lines) if line.startswith("---"))
+    rows: dict[str, list[str]] = {}
+    for line in lines[rule + 1 :]:
+        cells = [cell for cell in line.split("  ") if cell.strip()]
+        cells = [cell.strip() for cell in cells]
+        rows.setdefault(" ".join(cells[:2]), cells)
+    return rows
+
+
+@pytest.fixture
+def plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Faulty plugins beside the real entry points; everything they register vanishes after the test."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    extra = [
+        EntryPoint("faulty", "tests.plugins.faulty_backends", ENTRY_POINT_GROUP),
+        EntryPoint("half", "tests.plugins.raises_after_register", ENTRY_POINT_GROUP),
+        EntryPoint("impostor", "tests.plugins.takes_reference_name", ENTRY_POINT_GROUP),
+    ]
+    real = list(entry_points(group=ENTRY_POINT_GROUP))
+    monkeypatch.setattr(registry, "entry_points", lambda group: [*extra, *real])
+    yield
+    for name in [name for name in sys.modules if name.startswith("tests.plugins.")]:
+        del sys.modules[name]
 
 
 def test_info_lists_reference_backends(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("moe-core backends on cpu")
-    rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[3:]}
-    assert rows["reference-dense"] == "yes" and rows["reference-nvfp4"] == "yes"
+    rows = table_rows(out)
+    assert rows["reference-dense yes"][2] == "dense" and rows["reference-nvfp4 yes"][2] == "nvfp4"
 
 
-def test_check_runs_the_reference_and_reports_errors(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "--tokens", "8", "--experts", "4", "--hidden", "32", "--intermediate", "64", "--iters", "2"]) == 0
+def test_check_verifies_each_reference_against_float64(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", *SMALL]) == 0
     captured = capsys.readouterr()
-    assert "building a random NVFP4 layer: 8 tokens, 4 experts (top 2)" in captured.err
-    lines = {line.split()[0]: line.split() for line in captured.out.splitlines()[3:]}
-    assert lines["reference-nvfp4"][1:3] == ["0.00e+00", "0.00e+00"] and lines["reference-nvfp4"][-1] == "reference"
-    assert float(lines["reference-nvfp4"][3]) > 0
-    assert "skipped: runs no NVFP4" in " ".join(lines["reference-dense"])
+    assert "moe-core check on cpu" in captured.err and "seed 0" in captured.err
+    rows = table_rows(captured.out)
+    dense, nvfp4, quant = rows["dense reference-dense"], rows["nvfp4 reference-nvfp4"], None
+    quant = [row for key, row in rows.items() if "unquantized" in " ".join(row)][0]
+    assert dense[2] == "float64 MoE" and dense[-1] == "ok" and 0 < float(dense[3]) < 7.8e-3
+    assert nvfp4[2] == "float64 W4A4 MoE" and nvfp4[-1] == "ok" and 0 < float(nvfp4[3]) < 7.8e-3
+    assert quant[-1] == "info" and 0.05 < float(quant[3]) < 0.5, "W4A4 must cost a visible error against the float layer"
+    assert float(nvfp4[6]) > 0
 
 
-def test_check_reports_bad_sizes_clearly(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "--hidden", "40"]) == 2
-    assert "multiple of 16" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["check", "--tokens", "0"])
-    assert "expected a positive integer, got 0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["info", "--device", "tpu-ish"])
-    assert "not a torch device" in capsys.readouterr().err
+def test_check_in_fp32_pins_the_references_to_float32_rounding(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", *SMALL, "--dtype", "fp32"]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert float(rows["dense reference-dense"][3]) < 1e-5 and float(rows["nvfp4 reference-nvfp4"][3]) < 1e-5
 
 
-def test_check_reports_a_failing_backend_and_exits_1(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["check", "--hidden", "40"], "argument --hidden: expected a positive multiple of 16 (NVFP4 blocks), got 40"),
+        (["check", "--tokens", "1.5"], "argument --tokens: expected a positive integer, got '1.5'"),
+        (["check", "--tokens", "0"], "argument --tokens: expected a positive integer, got 0"),
+        (["check", "--tolerance", "-1"], "argument --tolerance: expected a finite number > 0, got '-1'"),
+        (["check", "--tolerance", "nan"], "argument --tolerance: expected a finite number > 0, got 'nan'"),
+        (["check", "--experts", "2", "--top-k", "3"], "argument --top-k: expected at most --experts=2, got 3"),
+        (["info", "--device", "tpu-ish"], "argument --device: expected a torch device, got 'tpu-ish'"),
+    ],
+)
+def test_bad_flags_are_named_as_the_user_typed_them(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def broken(weights: Nvfp4MoeWeights) -> Nvfp4MoeWeights:
-        raise RuntimeError("kernel launch failed")
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
 
-    key = BackendKey("broken-nvfp4", "always fails", ReferenceNvfp4Runner, reference_availability, broken)
-    monkeypatch.setitem(registry._REGISTRY, key.name, key)  # registered for this test only
 
-    assert main(["check", "--tokens", "4", "--experts", "2", "--hidden", "16", "--intermediate", "16", "--iters", "1"]) == 1
-    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("broken-nvfp4")]
-    assert row and row[0].endswith("FAILED: RuntimeError: kernel launch failed")
+@pytest.mark.usefixtures("plugins")
+def test_info_reports_faulty_plugins_as_rows_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info"]) == 1
+    captured = capsys.readouterr()
+    rows = table_rows(captured.out)
+    assert rows["faulty-availability broken"][3] == "availability check raised RuntimeError: driver probe crashed"
+    assert rows["reference-nvfp4 yes"][-1] == "PyTorch, NVFP4 W4A4 (FP4 activations), float32 math"
+    assert "half-made" not in captured.out
+    assert "entry point 'half' (moe_core.backends) failed to load: ImportError: missing its kernel library" in captured.out
+    assert "entry point 'impostor' (moe_core.backends) failed to load: ValueError: name: a backend named 'reference-nvfp4' is already registered" in captured.out
+
+
+@pytest.mark.usefixtures("plugins")
+def test_check_reports_faulty_plugins_as_rows_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", *SMALL]) == 1
+    rows = table_rows(capsys.readouterr().out)
+    assert rows["nvfp4 reference-nvfp4"][-1] == "ok", "the oracle is ours, whatever a plugin registers"
+    assert rows["nvfp4 faulty-availability"][-1] == "FAILED: availability check raised RuntimeError: driver probe crashed"
+    assert rows["nvfp4 faulty-broadcast-shape"][-1] == "FAILED: output shape (1, 32), expected (6, 32)"
+    assert rows["nvfp4 faulty-wrong-shape"][-1] == "FAILED: output shape (6, 33), expected (6, 32)"
+    assert rows["- entry point half"][-1] == "FAILED: did not load: ImportError: missing its kernel library"
+    assert rows["- entry point impostor"][-1].startswith("FAILED: did not load: ValueError")
 
 
 def test_check_refuses_a_device_the_reference_cannot_use(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--device", "meta"]) == 2
-    assert "the reference backend cannot run on meta: meta tensors hold no values" in capsys.readouterr().err
+    assert "the reference backends cannot run on meta: meta tensors hold no values" in capsys.readouterr().err
 
 
 def test_module_entry_point_runs() -> None:

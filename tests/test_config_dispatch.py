@@ -48,30 +48,32 @@ def test_select_experts_against_plain_softmax(gen: torch.Generator, method: Rout
 
 
 def test_topk_rejects_bad_input() -> None:
-    ids = torch.zeros(4, 2, dtype=torch.int32)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 0], [7, 4]], dtype=torch.int32)
     weights = torch.rand(4, 2)
     with pytest.raises(TypeError, match="topk_ids: expected dtype torch.int32, got torch.int64"):
-        TopKOutput(ids.long(), weights)
+        TopKOutput(ids.long(), weights, num_experts=8)
     with pytest.raises(ValueError, match=r"topk_weights: expected shape \(4, 2\)"):
-        TopKOutput(ids, weights[:3])
+        TopKOutput(ids, weights[:3], num_experts=8)
     with pytest.raises(ValueError, match="topk_ids: expected ids >= 0, got -1"):
-        TopKOutput(ids - 1, weights)
-    with pytest.raises(ValueError, match=r"topk_ids: expected ids < 8 \(router_logits columns\), got 8"):
-        TopKOutput(ids + 8, weights, torch.randn(4, 8))
-    unchecked = TopKOutput(ids - 1, weights, check_ids=False)
-    assert int(unchecked.topk_ids.min()) == -1, "check_ids=False skips only the value check"
+        TopKOutput(ids - 1, weights, num_experts=8)
+    with pytest.raises(ValueError, match=r"topk_ids: expected ids < 8 \(num_experts\), got 8"):
+        TopKOutput(ids + 1, weights, num_experts=8)
+    with pytest.raises(ValueError, match=r"router_logits: expected shape \(4, 8\)"):
+        TopKOutput(ids, weights, torch.randn(4, 6), num_experts=8)
+    unchecked = TopKOutput(ids - 1, weights, num_experts=8, check_values=False)
+    assert int(unchecked.topk_ids.min()) == -1, "check_values=False skips only the value checks"
     with pytest.raises(TypeError, match="topk_weights: expected a torch.Tensor, got list"):
-        TopKOutput(ids, [[0.5, 0.5]] * 4)  # type: ignore[arg-type]  # the runtime check under test
+        TopKOutput(ids, [[0.5, 0.5]] * 4, num_experts=8)  # type: ignore[arg-type]  # the runtime check under test
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device")
 def test_topk_rejects_tensors_on_two_devices() -> None:
     with pytest.raises(ValueError, match="expected all tensors on one device"):
-        TopKOutput(torch.zeros(4, 2, dtype=torch.int32), torch.rand(4, 2).cuda())
+        TopKOutput(torch.zeros(4, 2, dtype=torch.int32), torch.rand(4, 2).cuda(), num_experts=8)
 
 
 def test_dispatch_rejects_bad_input() -> None:
-    topk = TopKOutput(torch.zeros(4, 2, dtype=torch.int32), torch.rand(4, 2))
+    topk = TopKOutput(torch.tensor([[0, 1]] * 4, dtype=torch.int32), torch.rand(4, 2), num_experts=2)
     with pytest.raises(ValueError, match=r"hidden_states: expected 4 rows like topk_ids, got 3"):
         StandardDispatchOutput(torch.randn(3, 16), topk)
     with pytest.raises(TypeError, match="hidden_states: expected dtype"):
@@ -82,11 +84,11 @@ def test_dispatch_rejects_bad_input() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA graphs")
 def test_topk_can_be_built_while_capturing_a_cuda_graph() -> None:
-    ids = torch.zeros(4, 2, dtype=torch.int32, device="cuda")
+    ids = torch.tensor([[0, 1]] * 4, dtype=torch.int32, device="cuda")
     weights = torch.rand(4, 2, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        topk = TopKOutput(ids, weights)
+        topk = TopKOutput(ids, weights, num_experts=2)
         scaled = topk.topk_weights * 2
     graph.replay()
     torch.cuda.synchronize()

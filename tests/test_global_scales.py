@@ -41,14 +41,14 @@ def test_conventions_are_reciprocal(gen: torch.Generator) -> None:
 )
 def test_scalar_scale_rejects_bad_values(value: torch.Tensor, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=f"QuantizeGlobalScale.value: {message}"):
-        QuantizeGlobalScale(value)
+        QuantizeGlobalScale(_value=value)
 
 
 def test_per_expert_scales_reject_bad_values() -> None:
     with pytest.raises(ValueError, match=r"ExpertQuantizeGlobalScales.value: expected a 1-d tensor \[num_experts\]"):
-        ExpertQuantizeGlobalScales(torch.ones(1, 4))
+        ExpertQuantizeGlobalScales.from_checkpoint(torch.ones(1, 4))
     with pytest.raises(ValueError, match="at least one expert"):
-        ExpertDequantizeGlobalScales(torch.ones(0))
+        ExpertDequantizeGlobalScales.from_checkpoint(torch.ones(0))
     with pytest.raises(ValueError, match="amax: expected values > 0"):
         QuantizeGlobalScale.from_amax(0.0)
 
@@ -56,14 +56,14 @@ def test_per_expert_scales_reject_bad_values() -> None:
 def test_require_equal_collapses_agreeing_experts(gen: torch.Generator) -> None:
     value = float(torch.rand(1, generator=gen)) + 0.5
     scalar = QuantizeGlobalScale.from_experts(
-        ExpertQuantizeGlobalScales(torch.full((8,), value)), policy=ExpertScalePolicy.REQUIRE_EQUAL
+        ExpertQuantizeGlobalScales.from_checkpoint(torch.full((8,), value)), policy=ExpertScalePolicy.REQUIRE_EQUAL
     )
     assert scalar.value.shape == (1,)
     assert scalar.item() == pytest.approx(value)
 
 
 def test_require_equal_rejects_disagreeing_experts(gen: torch.Generator) -> None:
-    scales = ExpertQuantizeGlobalScales(torch.rand(8, generator=gen) + 0.5)
+    scales = ExpertQuantizeGlobalScales.from_checkpoint(torch.rand(8, generator=gen) + 0.5)
     with pytest.raises(ValueError, match="experts disagree"):
         QuantizeGlobalScale.from_experts(scales, policy=ExpertScalePolicy.REQUIRE_EQUAL)
 

@@ -16,6 +16,7 @@ from compressed_tensors.quantization.utils.helpers import calculate_qparams, gen
 
 from moe_core import (
     ExpertQuantizeGlobalScales,
+    ExpertScalePolicy,
     LinearBlockScales,
     Nvfp4ExpertWeights,
     Nvfp4Tensor,
@@ -85,7 +86,10 @@ def test_expert_weights_match_per_expert_compression(gen: torch.Generator, devic
         assert torch.equal(ours.global_scales.value[expert : expert + 1], ct["weight_global_scale"])
         assert torch.equal(ours.packed[expert], ct["weight_packed"])
         assert torch.equal(ours.block_scales.data[expert].view(torch.uint8), ct["weight_scale"].view(torch.uint8))
-        single = Nvfp4Tensor.quantize(w[expert], QuantizeGlobalScale(ours.global_scales.value[expert : expert + 1]))
+        scale = QuantizeGlobalScale.from_checkpoint(
+            ours.global_scales.value[expert].clone(), policy=ExpertScalePolicy.REQUIRE_EQUAL
+        )
+        single = Nvfp4Tensor.quantize(w[expert], scale)
         assert torch.equal(ours.dequantize_expert(expert), single.dequantize())
     assert torch.equal(ours.dequantize()[1], ours.dequantize_expert(1))
 
@@ -158,11 +162,11 @@ def test_quantize_rejects_bad_input(x: torch.Tensor, error: type[Exception], mes
 def test_constructors_reject_inconsistent_parts(gen: torch.Generator) -> None:
     q = Nvfp4Tensor.quantize(torch.randn(4, 32, generator=gen), QuantizeGlobalScale.from_amax(3.0))
     with pytest.raises(ValueError, match=r"Nvfp4Tensor.block_scales: expected shape \(4, 2\)"):
-        Nvfp4Tensor(q.packed, LinearBlockScales(q.block_scales.data[:, :1]), q.global_scale)
+        Nvfp4Tensor(q.packed, LinearBlockScales.from_checkpoint(q.block_scales.data[:, :1]), q.global_scale)
     with pytest.raises(TypeError, match="Nvfp4Tensor.packed: expected dtype torch.uint8"):
         Nvfp4Tensor(q.packed.to(torch.int8), q.block_scales, q.global_scale)
     with pytest.raises(TypeError, match="expected QuantizeGlobalScale"):
         Nvfp4Tensor(q.packed, q.block_scales, q.global_scale.value)  # type: ignore[arg-type]  # the runtime check under test
     w = Nvfp4ExpertWeights.quantize(torch.randn(2, 4, 32, generator=gen))
     with pytest.raises(ValueError, match="expected 2 experts like packed, got 3"):
-        Nvfp4ExpertWeights(w.packed, w.block_scales, ExpertQuantizeGlobalScales(torch.ones(3)))
+        Nvfp4ExpertWeights(w.packed, w.block_scales, ExpertQuantizeGlobalScales.from_checkpoint(torch.ones(3)))

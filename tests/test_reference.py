@@ -6,7 +6,7 @@ import attrs
 import pytest
 import torch
 
-from backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4, fake_quantize_nvfp4
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
 from moe_core import (
     Activation,
     DenseMoeWeights,
@@ -17,44 +17,9 @@ from moe_core import (
     TopKOutput,
     create_runner,
 )
+from moe_core.float64_moe import float64_moe
 from moe_core.synthetic import random_nvfp4_layer
 from tests.devices import DEVICES
-
-
-def dense_moe_float64(
-    config: MoeRunnerConfig,
-    dispatch: StandardDispatchOutput,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    input_scales: tuple[QuantizeGlobalScale, QuantizeGlobalScale] | None = None,
-) -> torch.Tensor:
-    """The MoE layer in float64, one token and one expert at a time.
-
-    With ``input_scales``, each GEMM input goes through an NVFP4 round trip
-    first (its float32 value, as the kernels see it), as W4A4 kernels do.
-    """
-    x, ids, weights = (t.cpu() for t in (dispatch.hidden_states, dispatch.topk.topk_ids, dispatch.topk.topk_weights))
-    w13, w2 = w13.cpu(), w2.cpu()
-    inter = config.intermediate_size_per_partition
-    out = torch.zeros(x.shape, dtype=torch.float64)
-    for t in range(x.shape[0]):
-        for k in range(config.top_k):
-            local = int(ids[t, k]) - config.local_expert_offset
-            if not 0 <= local < config.num_local_experts:
-                continue
-            xt = x[t].double()
-            if input_scales is not None:
-                xt = fake_quantize_nvfp4(xt.float()[None], input_scales[0])[0].double()
-            h = w13[local].double() @ xt
-            gate, up = h[:inter], h[inter:]
-            if config.activation is Activation.SILU_GATED:
-                act = gate * torch.sigmoid(gate) * up
-            else:
-                act = 0.5 * gate * (1 + torch.erf(gate / 2**0.5)) * up
-            if input_scales is not None:
-                act = fake_quantize_nvfp4(act.float()[None], input_scales[1])[0].double()
-            out[t] += float(weights[t, k]) * (w2[local].double() @ act)
-    return out * config.routed_scaling_factor
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -97,7 +62,7 @@ def test_nvfp4_matches_float64_w4a4(gen: torch.Generator, config: MoeRunnerConfi
     out = create_runner(REFERENCE_NVFP4, config).run(dispatch, weights)
 
     assert out.shape == dispatch.hidden_states.shape and out.dtype == torch.float32 and out.device.type == device.type
-    expected = dense_moe_float64(config, dispatch, w13, w2, scales)
+    expected = float64_moe(config, dispatch, w13, w2, scales)
     per_token = (out.cpu().double() - expected).norm(dim=1) / expected.norm(dim=1).clamp(min=1e-30)
     # float32 and float64 GEMMs can round an activation that sits within an ulp of an
     # FP4 midpoint to neighbouring codes: seen in 1 of 2000 seeded runs, moving that
@@ -116,7 +81,7 @@ def test_nvfp4_activation_quantization_error_is_bounded(gen: torch.Generator, co
 
     # Against the same dequantized weights with unquantized activations, only the
     # two FP4 activation round trips differ (seen: 0.14 to 0.18 over 20 seeds).
-    assert 0.05 < rel_err(out, dense_moe_float64(config, dispatch, w13, w2)) < 0.25
+    assert 0.05 < rel_err(out, float64_moe(config, dispatch, w13, w2)) < 0.25
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -127,7 +92,7 @@ def test_dense_matches_float64(gen: torch.Generator, config: MoeRunnerConfig, de
 
     out = create_runner(REFERENCE_DENSE, config).run(dispatch, dense)
 
-    assert rel_err(out, dense_moe_float64(config, dispatch, dense.w13, dense.w2)) < 1e-5
+    assert rel_err(out, float64_moe(config, dispatch, dense.w13, dense.w2)) < 1e-5
 
 
 def test_dense_bf16_activations_and_weights(gen: torch.Generator) -> None:
@@ -138,14 +103,16 @@ def test_dense_bf16_activations_and_weights(gen: torch.Generator) -> None:
     out = create_runner(REFERENCE_DENSE, config).run(dispatch, dense)
 
     assert out.dtype == torch.bfloat16
-    assert rel_err(out, dense_moe_float64(config, dispatch, dense.w13, dense.w2)) < 1e-2
+    assert rel_err(out, float64_moe(config, dispatch, dense.w13, dense.w2)) < 1e-2
 
 
 def test_tokens_routed_elsewhere_give_zero(gen: torch.Generator) -> None:
     config = CONFIGS[1]
     weights, dispatch = layer(gen, config)
-    remote = torch.randint(0, 4, dispatch.topk.topk_ids.shape, generator=gen, dtype=torch.int32)
-    elsewhere = StandardDispatchOutput(dispatch.hidden_states, TopKOutput(remote, dispatch.topk.topk_weights))
+    remote = torch.stack([torch.randperm(4, generator=gen)[:3] for _ in range(24)]).to(torch.int32)
+    elsewhere = StandardDispatchOutput(
+        dispatch.hidden_states, TopKOutput(remote, dispatch.topk.topk_weights, num_experts=8)
+    )
 
     out = create_runner(REFERENCE_NVFP4, config).run(elsewhere, weights)
 
@@ -162,10 +129,10 @@ def test_run_rejects_inputs_that_do_not_fit_the_config(gen: torch.Generator) -> 
     wide = StandardDispatchOutput(torch.randn(24, 80, generator=gen), dispatch.topk)
     with pytest.raises(ValueError, match=r"hidden_states: expected 64 columns \(hidden_size\), got 80"):
         runner.run(wide, weights)
-    far = TopKOutput(torch.full((24, 2), 8, dtype=torch.int32), dispatch.topk.topk_weights)
+    far = TopKOutput(torch.full((24, 2), 8, dtype=torch.int32), dispatch.topk.topk_weights, num_experts=9)
     with pytest.raises(ValueError, match=r"topk_ids: expected ids < 8 \(num_experts\), got 8"):
         runner.run(StandardDispatchOutput(dispatch.hidden_states, far), weights)
-    three = TopKOutput(torch.zeros(24, 3, dtype=torch.int32), torch.rand(24, 3, generator=gen))
+    three = TopKOutput(torch.tensor([[0, 1, 2]] * 24, dtype=torch.int32), torch.rand(24, 3, generator=gen), num_experts=8)
     with pytest.raises(ValueError, match=r"topk_ids: expected 2 columns \(top_k\), got 3"):
         runner.run(StandardDispatchOutput(dispatch.hidden_states, three), weights)
 
@@ -173,18 +140,20 @@ def test_run_rejects_inputs_that_do_not_fit_the_config(gen: torch.Generator) -> 
 def test_nvfp4_weights_reject_mismatched_parts(gen: torch.Generator) -> None:
     weights, _ = layer(gen, CONFIGS[0])
     with pytest.raises(ValueError, match=r"Nvfp4MoeWeights.w2: expected shape \(8, 64, 32\)"):
-        Nvfp4MoeWeights(weights.w13, weights.w13, weights.w13_input_scale, weights.w2_input_scale)
+        attrs.evolve(weights, w2=weights.w13.gate)
     with pytest.raises(TypeError, match="Nvfp4MoeWeights.w13_input_scale: expected QuantizeGlobalScale"):
-        Nvfp4MoeWeights(weights.w13, weights.w2, weights.w13.global_scales, weights.w2_input_scale)  # type: ignore[arg-type]  # the runtime check under test
+        attrs.evolve(weights, w13_input_scale=weights.w2.global_scales)
+    with pytest.raises(TypeError, match="Nvfp4MoeWeights.w13: expected Nvfp4GateUpWeights"):
+        attrs.evolve(weights, w13=weights.w2)
 
 
 def test_dense_weights_reject_bad_shapes(gen: torch.Generator) -> None:
     with pytest.raises(ValueError, match=r"DenseMoeWeights.w2: expected shape \(2, 16, 8\)"):
-        DenseMoeWeights(torch.randn(2, 16, 16, generator=gen), torch.randn(2, 16, 4, generator=gen))
+        DenseMoeWeights(w13=torch.randn(2, 16, 16, generator=gen), w2=torch.randn(2, 16, 4, generator=gen))
     with pytest.raises(ValueError, match="even row count"):
-        DenseMoeWeights(torch.randn(2, 15, 16, generator=gen), torch.randn(2, 16, 7, generator=gen))
+        DenseMoeWeights(w13=torch.randn(2, 15, 16, generator=gen), w2=torch.randn(2, 16, 7, generator=gen))
     with pytest.raises(TypeError, match="like w13"):
-        DenseMoeWeights(torch.randn(2, 16, 16, generator=gen), torch.randn(2, 16, 8, generator=gen).half())
+        DenseMoeWeights(w13=torch.randn(2, 16, 16, generator=gen), w2=torch.randn(2, 16, 8, generator=gen).half())
 
 
 def test_quant_info_is_frozen_at_run_time(gen: torch.Generator) -> None:

@@ -3,7 +3,7 @@
 import torch
 from typing_extensions import assert_type
 
-from backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
 from moe_core import (
     BoundRunner,
     DenseMoeWeights,

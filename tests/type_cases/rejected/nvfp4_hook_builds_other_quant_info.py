@@ -1,6 +1,6 @@
 """A backend whose NVFP4 hook builds quant info its runner does not take."""
 
-from backends.reference import ReferenceDenseRunner, reference_availability
+from moe_core.backends.reference import ReferenceDenseRunner, reference_availability
 from moe_core import BackendKey, DenseMoeWeights, Nvfp4MoeWeights, register_backend
 
 

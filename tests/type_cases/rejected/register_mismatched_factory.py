@@ -1,6 +1,6 @@
 """A key declared for one quant info, registered with a runner of another."""
 
-from backends.reference import ReferenceNvfp4Runner, reference_availability
+from moe_core.backends.reference import ReferenceNvfp4Runner, reference_availability
 from moe_core import BackendKey, DenseMoeWeights, register_backend
 
 KEY: BackendKey[DenseMoeWeights] = register_backend(

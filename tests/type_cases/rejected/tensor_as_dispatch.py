@@ -2,7 +2,7 @@
 
 import torch
 
-from backends.reference import REFERENCE_NVFP4
+from moe_core.backends.reference import REFERENCE_NVFP4
 from moe_core import MoeRunnerConfig, Nvfp4MoeWeights, create_runner
 
 

@@ -1,0 +1,241 @@
+"""What ``moe-core check`` measures: each format's reference, and every backend against it.
+
+For one random layer (float32 weights whose up halves have their own
+scales) and one routed batch, per canonical format:
+
+1. the format's reference backend (its oracle, found by key) against an
+   independent float64 MoE written token by token (:mod:`moe_core.float64_moe`),
+   with a tolerance: this checks the oracle;
+2. for NVFP4, the same reference against the float64 MoE of the
+   unquantized layer: the W4A4 quantization error, reported, not judged;
+3. every registered backend that converts from the format, through its own
+   registered conversion, against the oracle, with the user's tolerance.
+
+Each row carries the median time per call. A backend that raises, returns
+the wrong shape, dtype or device, or misses its tolerance is a FAILED row.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Generic, Protocol, TypeVar, final
+
+import attrs
+import torch
+
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
+from moe_core.config import MoeRunnerConfig
+from moe_core.conversion import FormatInfo, WeightFormat
+from moe_core.dispatch import StandardDispatchOutput
+from moe_core.float64_moe import float64_moe
+from moe_core.formats import DENSE, NVFP4
+from moe_core.moe_weights import DenseMoeWeights, Nvfp4MoeWeights
+from moe_core.registry import BackendEntry, BackendKey, MoeForward
+from moe_core.runner import QuantInfo
+from moe_core.synthetic import quantize_nvfp4_layer
+
+W = TypeVar("W", bound=QuantInfo)
+
+def oracle_tolerance(dtype: torch.dtype) -> float:
+    """Largest relative l2 error of a reference backend against the float64 MoE, for outputs in ``dtype``.
+
+    The references compute in float32 and round the output to the
+    activations' dtype: one epsilon of it (bf16: 7.8e-3, fp16: 9.8e-4),
+    and no less than 1e-5 for float32 accumulation.
+    """
+    return max(1e-5, torch.finfo(dtype).eps)
+
+
+@final
+@attrs.frozen
+class Timing:
+    """Wall time per call of one backend, in ms, after warm-up."""
+
+    median: float
+    low: float
+    high: float
+    calls: int
+
+
+@final
+@attrs.frozen
+class CheckRow:
+    """One line of the check's table."""
+
+    format: str
+    backend: str
+    compared_with: str
+    rel_err: float | None
+    max_abs_err: float | None
+    tolerance: float | None
+    timing: Timing | None
+    verdict: str
+    """``ok``, ``info`` (measured, not judged), ``skipped: ...`` or ``FAILED: ...``."""
+
+    @property
+    def failed(self) -> bool:
+        """True for a FAILED row."""
+        return self.verdict.startswith("FAILED")
+
+
+def time_forward(forward: MoeForward, dispatch: StandardDispatchOutput, min_calls: int) -> tuple[torch.Tensor, Timing]:
+    """The output and the time per call: two warm-up calls, then at least ``min_calls`` and 0.2 s of calls."""
+    device = dispatch.hidden_states.device
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    out = forward(dispatch)
+    forward(dispatch)
+    times: list[float] = []
+    while len(times) < min_calls or sum(times) < 200.0:
+        synchronize()
+        start = time.perf_counter()
+        out = forward(dispatch)
+        synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return out, Timing(statistics.median(times), min(times), max(times), len(times))
+
+
+def output_problem(out: object, dispatch: StandardDispatchOutput) -> str | None:
+    """Why ``out`` is not a valid MoE output for ``dispatch``, or None."""
+    hidden = dispatch.hidden_states
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, not a tensor"
+    if tuple(out.shape) != tuple(hidden.shape):
+        return f"output shape {tuple(out.shape)}, expected {tuple(hidden.shape)}"
+    if out.dtype != hidden.dtype:
+        return f"output dtype {out.dtype}, expected {hidden.dtype}"
+    if out.device != hidden.device:
+        return f"output on {out.device}, expected {hidden.device}"
+    return None
+
+
+def errors(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
+    """Relative l2 error and max abs error of ``actual`` against ``expected``, in float64."""
+    diff = actual.detach().cpu().double() - expected.cpu().double()
+    return float(diff.norm() / expected.cpu().double().norm()), float(diff.abs().max())
+
+
+@final
+@attrs.frozen(eq=False)
+class FormatCheck(Generic[W]):
+    """How to check one canonical format: its oracle, how to build its weights, its independent computation."""
+
+    format: WeightFormat[W]
+    oracle: BackendKey[W]
+    build: Callable[[MoeRunnerConfig, DenseMoeWeights, StandardDispatchOutput], W]
+    """The format's weights from the random float32 layer."""
+    independent: Callable[[MoeRunnerConfig, StandardDispatchOutput, W], torch.Tensor]
+    """The float64 output the oracle must reproduce."""
+    independent_name: str
+
+    def rows(
+        self,
+        config: MoeRunnerConfig,
+        source: DenseMoeWeights,
+        dispatch: StandardDispatchOutput,
+        backends: Sequence[BackendEntry],
+        tolerance: float,
+        min_calls: int,
+        progress: Callable[[str], None],
+    ) -> list[CheckRow]:
+        """The oracle's rows, then one row per backend converting from this format."""
+        name = self.format.name
+        weights = self.build(config, source, dispatch)
+        progress(f"{name}: running the reference {self.oracle.name}")
+        expected, timing = time_forward(self.oracle.bind(config, weights), dispatch, min_calls)
+        rel, worst = errors(expected, self.independent(config, dispatch, weights))
+        limit = oracle_tolerance(dispatch.hidden_states.dtype)
+        verdict = "ok" if rel <= limit else f"FAILED: error above {limit:g}"
+        rows = [CheckRow(name, self.oracle.name, self.independent_name, rel, worst, limit, timing, verdict)]
+        if source is not weights:
+            rel, worst = errors(expected, float64_moe(config, dispatch, source.w13, source.w2))
+            rows.append(
+                CheckRow(name, self.oracle.name, "float64 MoE, unquantized weights", rel, worst, None, None, "info")
+            )
+        for backend in backends:
+            if backend.name == self.oracle.name or not backend.converts_from(self.format):
+                continue
+            rows.append(self._backend_row(backend, config, weights, dispatch, expected, tolerance, min_calls, progress))
+        return rows
+
+    def _backend_row(
+        self,
+        backend: BackendEntry,
+        config: MoeRunnerConfig,
+        weights: W,
+        dispatch: StandardDispatchOutput,
+        expected: torch.Tensor,
+        tolerance: float,
+        min_calls: int,
+        progress: Callable[[str], None],
+    ) -> CheckRow:
+        def row(verdict: str, rel: float | None = None, worst: float | None = None, timing: Timing | None = None) -> CheckRow:
+            return CheckRow(self.format.name, backend.name, self.oracle.name, rel, worst, tolerance, timing, verdict)
+
+        availability = backend.availability(dispatch.hidden_states.device)
+        if not availability.ok:
+            prefix = "FAILED" if availability.broken else "unavailable"
+            return row(f"{prefix}: {'; '.join(availability.reasons)}")
+        progress(f"{self.format.name}: running {backend.name}")
+        try:
+            out, timing = time_forward(backend.route(self.format).bind(config, weights), dispatch, min_calls)
+        except Exception as error:  # a backend may fail in any way: report it, check the rest
+            return row(f"FAILED: {type(error).__name__}: {error}")
+        problem = output_problem(out, dispatch)
+        if problem is not None:
+            return row(f"FAILED: {problem}")
+        rel, worst = errors(out, expected)
+        verdict = "ok" if rel <= tolerance else f"FAILED: error above {tolerance:g}"
+        return row(verdict, rel, worst, timing)
+
+
+class _Check(Protocol):
+    @property
+    def format(self) -> FormatInfo: ...
+
+    def rows(
+        self,
+        config: MoeRunnerConfig,
+        source: DenseMoeWeights,
+        dispatch: StandardDispatchOutput,
+        backends: Sequence[BackendEntry],
+        tolerance: float,
+        min_calls: int,
+        progress: Callable[[str], None],
+    ) -> list[CheckRow]: ...
+
+
+def _dense_weights(config: MoeRunnerConfig, source: DenseMoeWeights, dispatch: StandardDispatchOutput) -> DenseMoeWeights:
+    return source
+
+
+def _dense_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: DenseMoeWeights) -> torch.Tensor:
+    return float64_moe(config, dispatch, weights.w13, weights.w2)
+
+
+def _nvfp4_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Nvfp4MoeWeights) -> torch.Tensor:
+    scales = (weights.w13_input_scale, weights.w2_input_scale)
+    return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), scales)
+
+
+FORMAT_CHECKS: tuple[_Check, ...] = (
+    FormatCheck(DENSE, REFERENCE_DENSE, _dense_weights, _dense_float64, "float64 MoE"),
+    FormatCheck(NVFP4, REFERENCE_NVFP4, quantize_nvfp4_layer, _nvfp4_float64, "float64 W4A4 MoE"),
+)
+"""The formats ``moe-core check`` knows how to check; a new format adds one entry."""
+
+
+def unchecked_formats(backends: Sequence[BackendEntry]) -> list[CheckRow]:
+    """A skipped row for each format a backend converts from that no check covers."""
+    known = {id(check.format) for check in FORMAT_CHECKS}
+    return [
+        CheckRow(fmt.name, backend.name, "-", None, None, None, None, f"skipped: no check for the {fmt.name} format")
+        for backend in backends
+        for fmt in backend.formats
+        if id(fmt) not in known
+    ]

@@ -1,0 +1,65 @@
+"""Backends that misbehave as real plugins do, for the tests of ``moe-core info`` and ``check``.
+
+Importing this module registers them: one whose availability check raises,
+and two whose outputs have the wrong shape (one broadcastable, one not).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from moe_core import NVFP4, Availability, Conversion, DispatchOutput, MoeRunnerConfig, Nvfp4MoeWeights, register_backend
+from moe_core.backends.reference import ReferenceNvfp4Runner, reference_availability
+
+
+def _as_is(weights: Nvfp4MoeWeights) -> Nvfp4MoeWeights:
+    return weights
+
+
+def _raising_availability(device: torch.device) -> Availability:
+    raise RuntimeError("driver probe crashed")
+
+
+@attrs.frozen
+class FirstRowRunner:
+    """Returns only the first token's row: ``[1, H]``, which broadcasts against ``[T, H]``."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: Nvfp4MoeWeights, /) -> torch.Tensor:
+        return ReferenceNvfp4Runner(self.config).run(dispatch, quant_info)[:1]
+
+
+@attrs.frozen
+class ExtraColumnRunner:
+    """Returns ``[T, H + 1]``."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: Nvfp4MoeWeights, /) -> torch.Tensor:
+        out = ReferenceNvfp4Runner(self.config).run(dispatch, quant_info)
+        return torch.cat((out, out[:, :1]), dim=1)
+
+
+register_backend(
+    "faulty-availability",
+    description="availability check raises",
+    factory=ReferenceNvfp4Runner,
+    availability=_raising_availability,
+    conversions=[Conversion(NVFP4, _as_is)],
+)
+register_backend(
+    "faulty-broadcast-shape",
+    description="returns [1, H]",
+    factory=FirstRowRunner,
+    availability=reference_availability,
+    conversions=[Conversion(NVFP4, _as_is)],
+)
+register_backend(
+    "faulty-wrong-shape",
+    description="returns [T, H + 1]",
+    factory=ExtraColumnRunner,
+    availability=reference_availability,
+    conversions=[Conversion(NVFP4, _as_is)],
+)
