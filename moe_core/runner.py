@@ -90,6 +90,8 @@ def check_run_inputs(
     topk = dispatch.topk
     if topk.top_k != config.top_k:
         raise ValueError(f"topk_ids: expected {config.top_k} columns (top_k), got {topk.top_k}")
+    if topk.num_experts != config.num_experts:
+        raise ValueError(f"topk.num_experts: expected {config.num_experts} from the config, got {topk.num_experts}")
 
 
 def check_run_values(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:

@@ -16,14 +16,17 @@ from moe_core.registry import ENTRY_POINT_GROUP
 SMALL = ["--tokens", "6", "--experts", "4", "--hidden", "32", "--intermediate", "32", "--iters", "1"]
 
 
-def table_rows(out: str) -> dict[str, list[str]]:
-    """Rows of the last table in ``out`` keyed by '<format> <backend>' (or the first cell), split on 2+ spaces."""
+def table_lines(out: str) -> list[list[str]]:
+    """Rows of the last table in ``out``, each split into cells on runs of 2+ spaces."""
     lines = out.splitlines()
     rule = max(index for index, line in enumerate(lines) if line.startswith("---"))
+    return [[cell.strip() for cell in line.split("  ") if cell.strip()] for line in lines[rule + 1 :]]
+
+
+def table_rows(out: str) -> dict[str, list[str]]:
+    """The first row of each '<first cell> <second cell>' key in the last table of ``out``."""
     rows: dict[str, list[str]] = {}
-    for line in lines[rule + 1 :]:
-        cells = [cell for cell in line.split("  ") if cell.strip()]
-        cells = [cell.strip() for cell in cells]
+    for cells in table_lines(out):
         rows.setdefault(" ".join(cells[:2]), cells)
     return rows
 
@@ -57,8 +60,8 @@ def test_check_verifies_each_reference_against_float64(capsys: pytest.CaptureFix
     captured = capsys.readouterr()
     assert "moe-core check on cpu" in captured.err and "seed 0" in captured.err
     rows = table_rows(captured.out)
-    dense, nvfp4, quant = rows["dense reference-dense"], rows["nvfp4 reference-nvfp4"], None
-    quant = [row for key, row in rows.items() if "unquantized" in " ".join(row)][0]
+    dense, nvfp4 = rows["dense reference-dense"], rows["nvfp4 reference-nvfp4"]
+    (quant,) = [row for row in table_lines(captured.out) if "unquantized" in row[2]]
     assert dense[2] == "float64 MoE" and dense[-1] == "ok" and 0 < float(dense[3]) < 7.8e-3
     assert nvfp4[2] == "float64 W4A4 MoE" and nvfp4[-1] == "ok" and 0 < float(nvfp4[3]) < 7.8e-3
     assert quant[-1] == "info" and 0.05 < float(quant[3]) < 0.5, "W4A4 must cost a visible error against the float layer"

@@ -5,14 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tests.mypy_cases import readme_example
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
 
 def test_readme_example_runs() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
-    assert blocks, "README has no python example"
-    exec(compile(blocks[0], "README.md", "exec"), {})
+    exec(compile(readme_example(), "README.md", "exec"), {})
 
 
 def test_ci_runs_the_readme_test_command() -> None:

@@ -129,9 +129,13 @@ def test_run_rejects_inputs_that_do_not_fit_the_config(gen: torch.Generator) -> 
     wide = StandardDispatchOutput(torch.randn(24, 80, generator=gen), dispatch.topk)
     with pytest.raises(ValueError, match=r"hidden_states: expected 64 columns \(hidden_size\), got 80"):
         runner.run(wide, weights)
-    far = TopKOutput(torch.full((24, 2), 8, dtype=torch.int32), dispatch.topk.topk_weights, num_experts=9)
+    far_ids = torch.tensor([[8, 0]] * 24, dtype=torch.int32)
+    far = TopKOutput(far_ids, dispatch.topk.topk_weights, num_experts=8, check_values=False)
     with pytest.raises(ValueError, match=r"topk_ids: expected ids < 8 \(num_experts\), got 8"):
         runner.run(StandardDispatchOutput(dispatch.hidden_states, far), weights)
+    wider = TopKOutput(far_ids, dispatch.topk.topk_weights, num_experts=9)
+    with pytest.raises(ValueError, match="topk.num_experts: expected 8 from the config, got 9"):
+        runner.run(StandardDispatchOutput(dispatch.hidden_states, wider), weights)
     three = TopKOutput(torch.tensor([[0, 1, 2]] * 24, dtype=torch.int32), torch.rand(24, 3, generator=gen), num_experts=8)
     with pytest.raises(ValueError, match=r"topk_ids: expected 2 columns \(top_k\), got 3"):
         runner.run(StandardDispatchOutput(dispatch.hidden_states, three), weights)
@@ -142,9 +146,9 @@ def test_nvfp4_weights_reject_mismatched_parts(gen: torch.Generator) -> None:
     with pytest.raises(ValueError, match=r"Nvfp4MoeWeights.w2: expected shape \(8, 64, 32\)"):
         attrs.evolve(weights, w2=weights.w13.gate)
     with pytest.raises(TypeError, match="Nvfp4MoeWeights.w13_input_scale: expected QuantizeGlobalScale"):
-        attrs.evolve(weights, w13_input_scale=weights.w2.global_scales)
+        attrs.evolve(weights, w13_input_scale=weights.w2.global_scales)  # type: ignore[arg-type]  # the run-time check under test
     with pytest.raises(TypeError, match="Nvfp4MoeWeights.w13: expected Nvfp4GateUpWeights"):
-        attrs.evolve(weights, w13=weights.w2)
+        attrs.evolve(weights, w13=weights.w2)  # type: ignore[arg-type]  # the run-time check under test
 
 
 def test_dense_weights_reject_bad_shapes(gen: torch.Generator) -> None:

@@ -34,7 +34,7 @@ from moe_core.backends.reference import (
     reference_availability,
 )
 from moe_core.registry import ENTRY_POINT_GROUP
-from moe_core.synthetic import random_nvfp4_layer
+from moe_core.synthetic import random_dense_layer, random_nvfp4_layer
 from tests.type_cases.accepted import third_party_backend
 from tests.type_cases.accepted.third_party_backend import ScaledIdentityQuantInfo
 
@@ -58,8 +58,12 @@ def with_plugins(monkeypatch: pytest.MonkeyPatch, **modules: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def third_party_key() -> BackendKey[ScaledIdentityQuantInfo]:
-    return third_party_backend.register()
+def third_party_key() -> Iterator[BackendKey[ScaledIdentityQuantInfo]]:
+    """The toy backend, registered for this module's tests and unregistered after them."""
+    saved = dict(registry._REGISTRY)
+    yield third_party_backend.register()
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(saved)
 
 
 def test_third_party_backend_registers_and_runs(
@@ -78,7 +82,20 @@ def test_third_party_backend_registers_and_runs(
     expected = x * (factors[ids.long()] * weights).sum(dim=1, keepdim=True)
     assert torch.allclose(out, expected, rtol=1e-6, atol=0)
     assert third_party_key.availability(torch.device("meta")).reasons == ("runs on the CPU only, not meta",)
-    assert third_party_key.formats == ()
+    assert third_party_key.formats == (DENSE,)
+
+
+def test_backends_of_different_quant_info_are_chosen_by_name_through_routes(
+    gen: torch.Generator, third_party_key: BackendKey[ScaledIdentityQuantInfo]
+) -> None:
+    weights, dispatch = random_dense_layer(CONFIG, 5, torch.float32, torch.device("cpu"), int(torch.randint(1 << 30, (1,), generator=gen)))
+    forward = third_party_backend.choose(third_party_key, CONFIG, weights, "example-scaled-identity")
+    factors = weights.w2.mean(dim=(1, 2))
+    topk = dispatch.topk
+    expected = dispatch.hidden_states * (factors[topk.topk_ids.long()] * topk.topk_weights).sum(dim=1, keepdim=True)
+    assert torch.allclose(forward(dispatch), expected, rtol=1e-6, atol=0)
+    first_available = third_party_backend.choose(third_party_key, CONFIG, weights, None)
+    assert torch.equal(first_available(dispatch), forward(dispatch)), "the toy is listed first and runs on the CPU"
 
 
 def test_names_register_once(third_party_key: BackendKey[ScaledIdentityQuantInfo]) -> None:

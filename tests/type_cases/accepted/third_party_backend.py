@@ -1,20 +1,27 @@
-"""A backend from outside this repo registers and dispatches like ours do."""
+"""A backend from outside this repo registers, converts from a canonical format and is chosen like ours."""
 
 import attrs
 import torch
 from typing_extensions import assert_type
 
 from moe_core import (
+    DENSE,
     Availability,
     BackendKey,
+    Conversion,
+    DenseMoeWeights,
     DispatchFormat,
     DispatchOutput,
+    FormatRoute,
+    MoeForward,
     MoeRunnerConfig,
     Runner,
     check_run_inputs,
     create_runner,
     register_backend,
+    select_backend,
 )
+from moe_core.backends.reference import REFERENCE_DENSE
 
 
 @attrs.frozen
@@ -38,7 +45,7 @@ class ScaledIdentityQuantInfo:
 class ScaledIdentityRunner:
     config: MoeRunnerConfig
 
-    def run(self, dispatch: DispatchOutput, quant_info: ScaledIdentityQuantInfo) -> torch.Tensor:
+    def run(self, dispatch: DispatchOutput, quant_info: ScaledIdentityQuantInfo, /) -> torch.Tensor:
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
         factor = quant_info.factors[dispatch.topk.topk_ids.long()] * dispatch.topk.topk_weights
         return dispatch.hidden_states * factor.sum(dim=1, keepdim=True).to(dispatch.hidden_states.dtype)
@@ -50,6 +57,11 @@ def cpu_only(device: torch.device) -> Availability:
     return Availability.available()
 
 
+def from_dense(weights: DenseMoeWeights) -> ScaledIdentityQuantInfo:
+    """The toy's once-after-loading step: each expert's mean down-projection weight."""
+    return ScaledIdentityQuantInfo(weights.w2.mean(dim=(1, 2)), weights.hidden_size, weights.intermediate_size)
+
+
 def register() -> BackendKey[ScaledIdentityQuantInfo]:
     """Register the toy backend (once per process) and return its key."""
     key = register_backend(
@@ -57,6 +69,7 @@ def register() -> BackendKey[ScaledIdentityQuantInfo]:
         description="toy third-party backend",
         factory=ScaledIdentityRunner,
         availability=cpu_only,
+        conversions=[Conversion(DENSE, from_dense)],
     )
     assert_type(key, BackendKey[ScaledIdentityQuantInfo])
     return key
@@ -64,3 +77,12 @@ def register() -> BackendKey[ScaledIdentityQuantInfo]:
 
 def runner_for(key: BackendKey[ScaledIdentityQuantInfo], config: MoeRunnerConfig) -> Runner[ScaledIdentityQuantInfo]:
     return create_runner(key, config)
+
+
+def choose(
+    key: BackendKey[ScaledIdentityQuantInfo], config: MoeRunnerConfig, weights: DenseMoeWeights, flag: str | None
+) -> MoeForward:
+    """Backends of different quant info types fed from one format are chosen among by name, as routes."""
+    routes: list[FormatRoute[DenseMoeWeights]] = [key.route(DENSE), REFERENCE_DENSE.route(DENSE)]
+    selection = select_backend(routes, torch.device("cpu"), name=flag)
+    return selection.chosen.bind(config, weights)
