@@ -122,6 +122,23 @@ def errors(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
 
 @final
 @attrs.frozen(eq=False)
+class CheckRun:
+    """One ``moe-core check`` invocation: the layer, the batch, the backends and the user's settings."""
+
+    config: MoeRunnerConfig
+    source: DenseMoeWeights
+    """The random float32 layer every format's weights are built from."""
+    dispatch: StandardDispatchOutput
+    backends: Sequence[BackendEntry]
+    tolerance: float
+    """The largest relative error a backend may have against its format's oracle."""
+    min_calls: int
+    progress: Callable[[str], None]
+    """Where progress lines go (stderr in the CLI)."""
+
+
+@final
+@attrs.frozen(eq=False)
 class FormatCheck(Generic[W]):
     """How to check one canonical format: its oracle, how to build its weights, its independent computation."""
 
@@ -133,81 +150,56 @@ class FormatCheck(Generic[W]):
     """The float64 output the oracle must reproduce."""
     independent_name: str
 
-    def rows(
-        self,
-        config: MoeRunnerConfig,
-        source: DenseMoeWeights,
-        dispatch: StandardDispatchOutput,
-        backends: Sequence[BackendEntry],
-        tolerance: float,
-        min_calls: int,
-        progress: Callable[[str], None],
-    ) -> list[CheckRow]:
+    def rows(self, run: CheckRun) -> list[CheckRow]:
         """The oracle's rows, then one row per backend converting from this format."""
-        name = self.format.name
-        weights = self.build(config, source, dispatch)
-        progress(f"{name}: running the reference {self.oracle.name}")
-        expected, timing = time_forward(self.oracle.bind(config, weights), dispatch, min_calls)
+        name, config, dispatch = self.format.name, run.config, run.dispatch
+        weights = self.build(config, run.source, dispatch)
+        run.progress(f"{name}: running the reference {self.oracle.name}")
+        expected, timing = time_forward(self.oracle.bind(config, weights), dispatch, run.min_calls)
         rel, worst = errors(expected, self.independent(config, dispatch, weights))
         limit = oracle_tolerance(dispatch.hidden_states.dtype)
         verdict = "ok" if rel <= limit else f"FAILED: error above {limit:g}"
         rows = [CheckRow(name, self.oracle.name, self.independent_name, rel, worst, limit, timing, verdict)]
-        if source is not weights:
-            rel, worst = errors(expected, float64_moe(config, dispatch, source.w13, source.w2))
+        if run.source is not weights:
+            rel, worst = errors(expected, float64_moe(config, dispatch, run.source.w13, run.source.w2))
             rows.append(
                 CheckRow(name, self.oracle.name, "float64 MoE, unquantized weights", rel, worst, None, None, "info")
             )
-        for backend in backends:
+        for backend in run.backends:
             if backend.name == self.oracle.name or not backend.converts_from(self.format):
                 continue
-            rows.append(self._backend_row(backend, config, weights, dispatch, expected, tolerance, min_calls, progress))
+            rows.append(self._backend_row(backend, run, weights, expected))
         return rows
 
-    def _backend_row(
-        self,
-        backend: BackendEntry,
-        config: MoeRunnerConfig,
-        weights: W,
-        dispatch: StandardDispatchOutput,
-        expected: torch.Tensor,
-        tolerance: float,
-        min_calls: int,
-        progress: Callable[[str], None],
-    ) -> CheckRow:
+    def _backend_row(self, backend: BackendEntry, run: CheckRun, weights: W, expected: torch.Tensor) -> CheckRow:
         def row(verdict: str, rel: float | None = None, worst: float | None = None, timing: Timing | None = None) -> CheckRow:
-            return CheckRow(self.format.name, backend.name, self.oracle.name, rel, worst, tolerance, timing, verdict)
+            return CheckRow(self.format.name, backend.name, self.oracle.name, rel, worst, run.tolerance, timing, verdict)
 
+        dispatch = run.dispatch
         availability = backend.availability(dispatch.hidden_states.device)
         if not availability.ok:
             prefix = "FAILED" if availability.broken else "unavailable"
             return row(f"{prefix}: {'; '.join(availability.reasons)}")
-        progress(f"{self.format.name}: running {backend.name}")
+        run.progress(f"{self.format.name}: running {backend.name}")
         try:
-            out, timing = time_forward(backend.route(self.format).bind(config, weights), dispatch, min_calls)
+            out, timing = time_forward(backend.route(self.format).bind(run.config, weights), dispatch, run.min_calls)
         except Exception as error:  # a backend may fail in any way: report it, check the rest
             return row(f"FAILED: {type(error).__name__}: {error}")
         problem = output_problem(out, dispatch)
         if problem is not None:
             return row(f"FAILED: {problem}")
         rel, worst = errors(out, expected)
-        verdict = "ok" if rel <= tolerance else f"FAILED: error above {tolerance:g}"
+        verdict = "ok" if rel <= run.tolerance else f"FAILED: error above {run.tolerance:g}"
         return row(verdict, rel, worst, timing)
 
 
 class _Check(Protocol):
+    """A :class:`FormatCheck` with its weights type hidden, so checks of several formats share one tuple."""
+
     @property
     def format(self) -> FormatInfo: ...
 
-    def rows(
-        self,
-        config: MoeRunnerConfig,
-        source: DenseMoeWeights,
-        dispatch: StandardDispatchOutput,
-        backends: Sequence[BackendEntry],
-        tolerance: float,
-        min_calls: int,
-        progress: Callable[[str], None],
-    ) -> list[CheckRow]: ...
+    def rows(self, run: CheckRun) -> list[CheckRow]: ...
 
 
 def _dense_weights(config: MoeRunnerConfig, source: DenseMoeWeights, dispatch: StandardDispatchOutput) -> DenseMoeWeights:

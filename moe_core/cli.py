@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from moe_core.backends.reference import reference_availability
-from moe_core.check import FORMAT_CHECKS, CheckRow, unchecked_formats
+from moe_core.check import FORMAT_CHECKS, CheckRow, CheckRun, unchecked_formats
 from moe_core.check import __doc__ as CHECK_DOC
 from moe_core.config import MoeRunnerConfig
 from moe_core.registry import ENTRY_POINT_GROUP, load_entry_point_backends, registered_backends
@@ -110,8 +110,9 @@ def _check(args: argparse.Namespace, plugin_errors: dict[str, str]) -> int:
     source, dispatch = random_dense_layer(config, args.tokens, DTYPES[args.dtype], args.device, args.seed)
     backends = registered_backends()
     rows: list[CheckRow] = []
+    run = CheckRun(config, source, dispatch, backends, args.tolerance, args.iters, _progress)
     for check in FORMAT_CHECKS:
-        rows += check.rows(config, source, dispatch, backends, args.tolerance, args.iters, _progress)
+        rows += check.rows(run)
     rows += unchecked_formats(backends)
     rows += [
         CheckRow("-", f"entry point {name}", "-", None, None, None, None, f"FAILED: did not load: {error}")

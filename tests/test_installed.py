@@ -141,9 +141,10 @@ def test_mypy_outside_the_repo_gives_the_repos_verdicts_on_the_wheel(installed: 
     _check_user_mypy(installed.python, installed.mypy_cache, tmp_path)
 
 
-def test_mypy_outside_the_repo_sees_the_development_install(tmp_path: Path) -> None:
+def test_mypy_outside_the_repo_sees_the_development_install(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """The install README's commands make (editable, strict mode) is one a downstream mypy can read."""
-    _check_user_mypy(Path(sys.executable), ROOT / ".mypy_cache", tmp_path)
+    assert request.config.cache is not None
+    _check_user_mypy(Path(sys.executable), request.config.cache.mkdir("mypy-outside-dev-install"), tmp_path)
 
 
 def test_an_application_backends_package_neither_hides_nor_is_hidden(installed: InstalledVenv, tmp_path: Path) -> None:
