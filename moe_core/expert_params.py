@@ -109,6 +109,8 @@ class ExpertParams:
         """The scheme's name, for error messages."""
         self.config = config
         """The layer the parameters are for."""
+        self.device = device
+        """Where the parameters live."""
         self.specs = {spec.name: spec for spec in specs}
         """The tensors of each projection, by checkpoint name."""
         experts = config.num_local_experts

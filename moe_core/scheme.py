@@ -14,6 +14,7 @@ mypy error at the call site.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Generic, Protocol, TypeVar, final
 
@@ -23,7 +24,7 @@ import torch
 from moe_core.config import MoeRunnerConfig
 from moe_core.conversion import FormatInfo, WeightFormat
 from moe_core.dispatch import DispatchOutput
-from moe_core.expert_params import ExpertParams, ExpertShard
+from moe_core.expert_params import ExpertParams, ExpertShard, ParamSpec
 from moe_core.registry import BackendChoice, FormatRoute, MoeForward, Selection, registered_backends, select_backend
 from moe_core.runner import QuantInfo
 
@@ -46,34 +47,94 @@ def backends_for(source: WeightFormat[W], preference: Sequence[str]) -> list[For
     return [entry.route(source) for entry in entries]
 
 
-@final
-class LayerBackend(Generic[W]):
-    """The backend choice of one layer, and the forward bound to it after loading."""
+class ExpertScheme(abc.ABC, Generic[W]):
+    """The part every scheme shares: parameters, the per-expert loader, the backend choice and the forward.
 
-    def __init__(self, choices: Sequence[FormatRoute[W]], forced: FormatRoute[W] | None) -> None:
-        """``choices`` in preference order; ``forced`` (if given) is the only one considered."""
-        self.choices: tuple[FormatRoute[W], ...] = (forced,) if forced is not None else tuple(choices)
-        """What :meth:`bind` chooses from."""
+    A scheme subclasses it with its checkpoint tensors (:class:`ParamSpec`)
+    and :meth:`canonical_weights`, the once-after-loading step from those
+    tensors to the canonical weights of its format ``W``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        source: WeightFormat[W],
+        specs: Sequence[ParamSpec],
+        config: MoeRunnerConfig,
+        device: torch.device,
+        *,
+        preference: Sequence[str],
+        backends: Sequence[FormatRoute[W]] | None,
+        backend: FormatRoute[W] | None,
+    ) -> None:
+        """Create the parameters on ``device``; ``backend`` forces one, ``backends`` replaces the default list."""
+        if not isinstance(config, MoeRunnerConfig):
+            raise TypeError(f"config: expected a MoeRunnerConfig, got {type(config).__name__}")
+        self.name = name
+        """The scheme's short name."""
+        self.config = config
+        """The layer, as this rank sees it."""
+        self._source = source
+        self._params = ExpertParams(name, specs, config, device)
+        self._preference = tuple(preference)
+        self._backends = None if backends is None else tuple(backends)
+        self._forced = backend
+        self.weights: W | None = None
+        """The canonical weights, once :meth:`process_weights_after_loading` has built them."""
         self.selection: Selection[FormatRoute[W]] | None = None
-        """The choice made by :meth:`bind` (None before)."""
+        """The backend choice, once made."""
         self._forward: MoeForward | None = None
 
-    def bind(self, config: MoeRunnerConfig, weights: W, device: torch.device) -> Selection[FormatRoute[W]]:
-        """Choose the first available backend on ``device`` and convert ``weights`` into its quant info, once.
+    @property
+    def format(self) -> WeightFormat[W]:
+        """The canonical weight format the scheme builds."""
+        return self._source
 
-        Raises :class:`~moe_core.registry.BackendSelectionError` listing every
-        choice with the reasons it cannot run.
+    @property
+    def params(self) -> ExpertParams:
+        """The checkpoint parameters of this rank's experts."""
+        return self._params
+
+    def backend_choices(self) -> tuple[FormatRoute[W], ...]:
+        """What the scheme chooses from, in preference order: the forced backend alone, if any."""
+        if self._forced is not None:
+            return (self._forced,)
+        if self._backends is not None:
+            return self._backends
+        return tuple(backends_for(self._source, self._preference))
+
+    def load_expert_weight(self, name: str, tensor: torch.Tensor, *, expert_id: int, shard: ExpertShard) -> bool:
+        """Take one checkpoint tensor (``experts.{expert_id}.{shard}.{name}``); False if the expert is not local."""
+        return self._params.load(name, tensor, expert_id=expert_id, shard=shard)
+
+    @abc.abstractmethod
+    def canonical_weights(self) -> W:
+        """The canonical weights from the loaded parameters (all of them are loaded when this runs)."""
+
+    def process_weights_after_loading(self) -> None:
+        """Build the canonical weights, choose the first available backend and convert them into its quant info.
+
+        Raises for a missing tensor (by name), for checkpoint values the
+        scheme's policies refuse, and with every choice's reasons when no
+        backend runs on the parameters' device.
         """
-        selection = select_backend(self.choices, device)
-        self._forward = selection.chosen.bind(config, weights)
-        self.selection = selection
-        return selection
+        self._params.require_complete()
+        weights = self.canonical_weights()
+        selection = select_backend(self.backend_choices(), self._params.device)
+        self._forward = selection.chosen.bind(self.config, weights)
+        self.weights, self.selection = weights, selection
 
-    def __call__(self, dispatch: DispatchOutput) -> torch.Tensor:
-        """The layer's output through the bound backend."""
+    def apply(self, dispatch: DispatchOutput) -> torch.Tensor:
+        """The layer's ``[T, H]`` output through the chosen backend's runner."""
         if self._forward is None:
-            raise RuntimeError("apply: call process_weights_after_loading() first (no backend is bound yet)")
+            raise RuntimeError(f"{self.name}: call process_weights_after_loading() before apply()")
         return self._forward(dispatch)
+
+    def backend_summary(self) -> str:
+        """One line for a log: the backend chosen and why earlier ones were passed over."""
+        if self.selection is None:
+            return f"{self.name}: no backend chosen yet"
+        return f"{self.name}: {self.selection.summary()}"
 
 
 class MoeScheme(Protocol):
@@ -117,7 +178,8 @@ class SchemeSpec:
     """The canonical weight format it builds."""
     unsupported_reason: Callable[[Mapping[str, object] | None], str | None]
     """Why the scheme does not take a checkpoint with this ``quantization_config`` (None: it does)."""
-    for_layer: Callable[[MoeRunnerConfig, torch.device], MoeScheme]
-    """The scheme for one layer, its parameters created on the device, with the default backend choice."""
+    for_layer: Callable[[MoeRunnerConfig, torch.device, torch.dtype], MoeScheme]
+    """The scheme for one layer, its parameters created on the device, with the default backend choice;
+    the dtype is the checkpoint's unquantized dtype (what an unquantized scheme stores)."""
     preference: Callable[[], Sequence[BackendChoice]]
     """The backends it would choose from, in preference order (for ``moe-core info``)."""

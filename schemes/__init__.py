@@ -1,2 +1,13 @@
-"""Quantization schemes (one module each): they build a backend's quant info
-once after weight loading and delegate the forward pass to its runner."""
+"""Quantization schemes, one module each: they load a layer's checkpoint tensors, build the
+canonical weights and a backend's quant info once after loading, and delegate the forward
+pass to its runner. ``SCHEMES`` is what the checkpoint loader matches a checkpoint against."""
+
+from moe_core.scheme import SchemeSpec
+from moe_core.schemes import compressed_tensors_w4a4_nvfp4, modelopt_nvfp4, unquantized
+
+SCHEMES: tuple[SchemeSpec, ...] = (
+    compressed_tensors_w4a4_nvfp4.SCHEME,
+    modelopt_nvfp4.SCHEME,
+    unquantized.SCHEME,
+)
+"""Every scheme moe-core ships, in the order a checkpoint is matched against them."""

@@ -1,0 +1,248 @@
+"""Read one MoE layer of a Hugging Face safetensors checkpoint into a scheme, as an engine does.
+
+:class:`MoeCheckpoint` reads ``config.json`` (the layer's sizes, named as
+each architecture names them, and ``quantization_config``; ModelOpt's
+``hf_quant_config.json`` where ``config.json`` has none), the shard index
+``model.safetensors.index.json`` (or a single ``model.safetensors``), picks
+the scheme that takes the quantization config, and hands the layer's expert
+tensors to the scheme's loader one expert and one shard at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import final
+
+import attrs
+import torch
+from safetensors import safe_open
+
+from moe_core.config import MoeRunnerConfig, RoutingMethod
+from moe_core.expert_params import ExpertShard
+from moe_core.scheme import MoeScheme, SchemeSpec, UnsupportedCheckpoint
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@final
+@attrs.frozen
+class ArchitectureNames:
+    """How one architecture's ``config.json`` and tensor names describe its MoE layers."""
+
+    num_experts: tuple[str, ...]
+    """Keys of the expert count, the first present wins (Hub Qwen3-MoE configs say ``num_experts``,
+    transformers 5 writes ``num_local_experts``)."""
+    intermediate_size: str
+    """Key of one expert's intermediate size."""
+    block: str
+    """The MoE block's module name inside a decoder layer (``mlp``, ``block_sparse_moe``)."""
+    renormalize: str | None
+    """Key of the flag that renormalizes the top-k weights (None: always renormalized)."""
+
+
+ARCHITECTURES: Mapping[str, ArchitectureNames] = {
+    "qwen3_moe": ArchitectureNames(("num_experts", "num_local_experts"), "moe_intermediate_size", "mlp", "norm_topk_prob"),
+    "mixtral": ArchitectureNames(("num_local_experts",), "intermediate_size", "block_sparse_moe", None),
+}
+"""The architectures (``config.json``'s ``model_type``) whose MoE layers the loader knows."""
+
+_EXPERT_KEY = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.(\w+)$")
+
+
+def _read_json(path: Path) -> dict[str, object]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: not found (is {path.parent} a Hugging Face checkpoint?)") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _int_field(config: Mapping[str, object], key: str, where: str) -> int:
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{where}: expected a positive int at {key!r}, got {value!r}")
+    return value
+
+
+def _quantization_config(directory: Path, config: Mapping[str, object]) -> Mapping[str, object] | None:
+    quant = config.get("quantization_config")
+    if quant is not None:
+        if not isinstance(quant, Mapping):
+            raise ValueError(f"{directory / 'config.json'}: quantization_config is not an object")
+        return quant
+    modelopt = directory / "hf_quant_config.json"
+    if modelopt.exists():
+        section = _read_json(modelopt).get("quantization")
+        if not isinstance(section, Mapping):
+            raise ValueError(f"{modelopt}: expected a 'quantization' object")
+        return {"quant_method": "modelopt", **section}
+    return None
+
+
+@final
+class MoeCheckpoint:
+    """A checkpoint directory: its MoE architecture, quantization config, scheme and tensors."""
+
+    def __init__(self, directory: str | Path) -> None:
+        """Read ``config.json`` and the shard index of ``directory``; raises naming what is missing or wrong."""
+        self.directory = Path(directory)
+        """The checkpoint directory."""
+        config = _read_json(self.directory / "config.json")
+        self.config: Mapping[str, object] = config
+        """``config.json`` as read."""
+        where = str(self.directory / "config.json")
+        model_type = config.get("model_type")
+        names = ARCHITECTURES.get(str(model_type))
+        if names is None:
+            raise UnsupportedCheckpoint(
+                f"{where}: model_type {model_type!r} is not an MoE architecture the loader knows "
+                f"({', '.join(sorted(ARCHITECTURES))})"
+            )
+        self.model_type = str(model_type)
+        """``config.json``'s ``model_type``."""
+        self.names = names
+        """How this architecture names its MoE parts."""
+        experts_key = next((key for key in names.num_experts if key in config), names.num_experts[0])
+        self.num_experts = _int_field(config, experts_key, where)
+        """Routed experts per MoE layer."""
+        self.top_k = _int_field(config, "num_experts_per_tok", where)
+        """Experts per token."""
+        self.hidden_size = _int_field(config, "hidden_size", where)
+        """H."""
+        self.intermediate_size = _int_field(config, names.intermediate_size, where)
+        """One expert's intermediate size I."""
+        renormalize = True if names.renormalize is None else bool(config.get(names.renormalize, False))
+        self.routing_method = RoutingMethod.TOPK_RENORMALIZE if renormalize else RoutingMethod.SOFTMAX_TOPK
+        """Softmax then top-k, renormalized or not, as the architecture's router computes it."""
+        dtype_name = config.get("dtype", config.get("torch_dtype", "bfloat16"))
+        if dtype_name not in DTYPES:
+            raise UnsupportedCheckpoint(f"{where}: dtype {dtype_name!r} is not one of {sorted(DTYPES)}")
+        self.dtype = DTYPES[str(dtype_name)]
+        """The unquantized tensors' dtype."""
+        self.quantization_config = _quantization_config(self.directory, config)
+        """``quantization_config`` (None for an unquantized checkpoint)."""
+        self.weight_map = self._weight_map()
+        """Each tensor's name and the shard file holding it."""
+
+    def _weight_map(self) -> dict[str, str]:
+        index = self.directory / INDEX_FILE
+        if index.exists():
+            weight_map = _read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise ValueError(f"{index}: expected a 'weight_map' of tensor name to file name")
+            return {str(key): str(value) for key, value in weight_map.items()}
+        single = self.directory / SINGLE_FILE
+        if not single.exists():
+            raise FileNotFoundError(f"{self.directory}: neither {INDEX_FILE} nor {SINGLE_FILE} is there")
+        with safe_open(str(single), "pt") as handle:
+            return {key: SINGLE_FILE for key in handle.keys()}
+
+    def scheme(self, schemes: Sequence[SchemeSpec] | None = None) -> SchemeSpec:
+        """The first of ``schemes`` (default: every shipped scheme) that takes this quantization config."""
+        if schemes is None:
+            from moe_core.schemes import SCHEMES
+
+            schemes = SCHEMES
+        reasons = []
+        for spec in schemes:
+            reason = spec.unsupported_reason(self.quantization_config)
+            if reason is None:
+                return spec
+            reasons.append(f"{spec.name}: {reason}")
+        raise UnsupportedCheckpoint(f"{self.directory}: no scheme takes this checkpoint ({'; '.join(reasons)})")
+
+    def block_prefix(self, layer: int) -> str:
+        """The tensor-name prefix of decoder layer ``layer``'s MoE block."""
+        return f"model.layers.{layer}.{self.names.block}"
+
+    def moe_layers(self) -> list[int]:
+        """The decoder layers that hold routed experts, in order."""
+        pattern = re.compile(rf"^model\.layers\.(\d+)\.{re.escape(self.names.block)}\.experts\.")
+        return sorted({int(match[1]) for key in self.weight_map if (match := pattern.match(key))})
+
+    def runner_config(self, *, num_local_experts: int | None = None, local_expert_offset: int = 0) -> MoeRunnerConfig:
+        """The layer's :class:`MoeRunnerConfig` (this rank's experts under expert parallelism)."""
+        return MoeRunnerConfig(
+            num_experts=self.num_experts,
+            hidden_size=self.hidden_size,
+            intermediate_size_per_partition=self.intermediate_size,
+            top_k=self.top_k,
+            num_local_experts=self.num_experts if num_local_experts is None else num_local_experts,
+            local_expert_offset=local_expert_offset,
+            routing_method=self.routing_method,
+        )
+
+    def _require_layer(self, layer: int) -> None:
+        layers = self.moe_layers()
+        if layer not in layers:
+            raise ValueError(f"layer: {self.directory} has MoE experts in layers {layers}, not in layer {layer}")
+
+    def _read(self, keys: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        """The tensors ``keys``, one shard file open at a time."""
+        by_file: dict[str, list[str]] = {}
+        for key in keys:
+            by_file.setdefault(self.weight_map[key], []).append(key)
+        for file_name, file_keys in by_file.items():
+            path = self.directory / file_name
+            if not path.exists():
+                raise FileNotFoundError(f"{path}: listed in {INDEX_FILE} but not there")
+            with safe_open(str(path), "pt") as handle:
+                for key in file_keys:
+                    yield key, handle.get_tensor(key)
+
+    def router_weight(self, layer: int) -> torch.Tensor:
+        """The router's ``[num_experts, hidden]`` weight of ``layer``."""
+        key = f"{self.block_prefix(layer)}.gate.weight"
+        if key not in self.weight_map:
+            raise KeyError(f"{key}: not in {self.directory}")
+        ((_, tensor),) = self._read([key])
+        return tensor
+
+    def expert_keys(self, layer: int) -> list[tuple[str, int, ExpertShard, str]]:
+        """``(tensor name, expert id, shard, name after the projection)`` of every expert tensor of ``layer``."""
+        self._require_layer(layer)
+        prefix = f"{self.block_prefix(layer)}.experts."
+        found = []
+        for key in self.weight_map:
+            if key.startswith(prefix) and (match := _EXPERT_KEY.search(key)):
+                found.append((key, int(match[1]), ExpertShard.from_projection(match[2]), match[3]))
+        return found
+
+    def load_layer(
+        self,
+        layer: int,
+        *,
+        device: torch.device = torch.device("cpu"),
+        config: MoeRunnerConfig | None = None,
+        scheme: SchemeSpec | None = None,
+    ) -> MoeScheme:
+        """Layer ``layer`` through its scheme: created, loaded expert by expert, processed, ready to apply.
+
+        ``config`` defaults to :meth:`runner_config` (all experts local);
+        ``scheme`` to :meth:`scheme`.
+        """
+        spec = self.scheme() if scheme is None else scheme
+        layer_scheme = spec.for_layer(self.runner_config() if config is None else config, device, self.dtype)
+        keys = self.expert_keys(layer)
+        names = {key: (expert, shard, name) for key, expert, shard, name in keys}
+        for key, tensor in self._read(list(names)):
+            expert, shard, name = names[key]
+            try:
+                layer_scheme.load_expert_weight(name, tensor, expert_id=expert, shard=shard)
+            except (TypeError, ValueError) as error:
+                short, message = f"experts.{expert}.{shard.name.lower()}.{name}", str(error)
+                raise type(error)(key + message[len(short):] if message.startswith(short) else f"{key}: {message}") from None
+        try:
+            layer_scheme.process_weights_after_loading()
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{self.block_prefix(layer)} of {self.directory}: {error}") from None
+        return layer_scheme
