@@ -20,7 +20,7 @@ from moe_core.global_scales import (
     QuantizeGlobalScale,
 )
 from moe_core.moe_weights import DenseMoeWeights, Nvfp4MoeWeights
-from moe_core.nvfp4 import GateUpScalePolicy, Nvfp4ExpertWeights, Nvfp4GateUpWeights, Nvfp4Tensor
+from moe_core.nvfp4 import GateUpScalePolicy, Nvfp4Arithmetic, Nvfp4ExpertWeights, Nvfp4GateUpWeights, Nvfp4Tensor
 from moe_core.registry import (
     Availability,
     BackendChoice,
@@ -66,6 +66,7 @@ __all__ = [
     "LinearBlockScales",
     "MoeForward",
     "MoeRunnerConfig",
+    "Nvfp4Arithmetic",
     "Nvfp4ExpertWeights",
     "Nvfp4GateUpWeights",
     "Nvfp4MoeWeights",

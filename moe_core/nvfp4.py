@@ -12,8 +12,17 @@ and follows compressed-tensors' operation order, so codes and scales match it
 bit for bit, including its rule for a block whose scale rounds to zero in
 E4M3 (an all-zero block, or one whose amax is below about 2e-6 of the
 tensor's amax): it stores 0.125 instead, which still encodes every value of
-the block as zero. The one difference: the input is upcast to float32 first
-(compressed-tensors divides in the input's dtype). The CUDA kernels multiply
+the block as zero.
+
+For bf16 or fp16 input, compressed-tensors (and so llmcompressor's
+checkpoints) computes two steps in the input's dtype: the global scale
+``448 * 6 / amax`` and each block's ``amax / 6``, both rounded to that dtype
+(an fp16 global scale that overflows, amax below 2688 / 65504, becomes 1.0).
+:class:`Nvfp4Arithmetic` makes that a choice at every quantize call:
+``FLOAT32`` (the default, the more accurate) computes them in float32,
+``INPUT_DTYPE`` rounds them as compressed-tensors does and matches its
+codes and scales bit for bit on bf16 and fp16 input too. For float32 input
+the two are the same. The CUDA kernels multiply
 by an approximate reciprocal instead of dividing, so they may round a value
 lying within an ulp of a midpoint between codes the other way, and store
 scale 0 for such a block.
@@ -95,12 +104,40 @@ def _as_blocks(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(*x.shape[:-1], -1, BLOCK_SIZE)
 
 
-def _quantize_blocks(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+class Nvfp4Arithmetic(enum.Enum):
+    """In which dtype a quantizer computes the global scale and each block's ``amax / 6`` (see the module docstring)."""
+
+    FLOAT32 = "float32"
+    """In float32 whatever the input's dtype: the more accurate choice."""
+    INPUT_DTYPE = "input_dtype"
+    """In the input's dtype (bf16, fp16), rounded there, as compressed-tensors and llmcompressor do;
+    the codes and scales then match theirs bit for bit."""
+
+
+def _check_arithmetic(arithmetic: Nvfp4Arithmetic) -> None:
+    if not isinstance(arithmetic, Nvfp4Arithmetic):
+        raise TypeError(f"arithmetic: expected an Nvfp4Arithmetic, got {arithmetic!r}")
+
+
+def _global_scales_of(amax: torch.Tensor, arithmetic: Nvfp4Arithmetic) -> ExpertQuantizeGlobalScales:
+    """``448 * 6 / amax`` per expert, 1.0 where that is not finite (an all-zero expert), in ``arithmetic``."""
+    if arithmetic is Nvfp4Arithmetic.FLOAT32:
+        amax = amax.to(torch.float32)
+    scale = NVFP4_RANGE / amax.clamp(min=torch.finfo(amax.dtype).tiny)
+    return ExpertQuantizeGlobalScales.from_checkpoint(torch.nan_to_num(scale, posinf=1.0).to(torch.float32))
+
+
+def _quantize_blocks(
+    x: torch.Tensor, global_scale: torch.Tensor, arithmetic: Nvfp4Arithmetic
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed codes and E4M3 scales of ``x [..., rows, cols]``; ``global_scale`` broadcasts per row."""
-    blocks = _as_blocks(x.to(torch.float32))
     gs = global_scale.reshape(*global_scale.shape, 1, 1)
-    amax = blocks.abs().amax(dim=-1)
-    scales = (gs * (amax / E2M1_MAX)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    amax = _as_blocks(x).abs().amax(dim=-1)
+    if arithmetic is Nvfp4Arithmetic.FLOAT32:
+        amax = amax.to(torch.float32)
+    per_block = (amax / E2M1_MAX).to(torch.float32)
+    blocks = _as_blocks(x.to(torch.float32))
+    scales = (gs * per_block).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
     scales = torch.where(scales == 0, UNDERFLOW_SCALE, scales)
     scaled = blocks / (scales / gs).unsqueeze(-1)
     codes = encode_e2m1(scaled.clamp(-E2M1_MAX, E2M1_MAX)).flatten(-2)
@@ -169,11 +206,18 @@ class Nvfp4Tensor:
         return int(self.packed.shape[0]), 2 * int(self.packed.shape[1])
 
     @classmethod
-    def quantize(cls, x: torch.Tensor, global_scale: QuantizeGlobalScale) -> Nvfp4Tensor:
+    def quantize(
+        cls,
+        x: torch.Tensor,
+        global_scale: QuantizeGlobalScale,
+        *,
+        arithmetic: Nvfp4Arithmetic = Nvfp4Arithmetic.FLOAT32,
+    ) -> Nvfp4Tensor:
         """Quantize a finite float matrix ``[rows, cols]`` (cols a multiple of 16)."""
         _check_float_input("x", x, 2, "[rows, cols]")
+        _check_arithmetic(arithmetic)
         scale = global_scale.to(x.device)
-        packed, scales = _quantize_blocks(x, scale.value.reshape(()))
+        packed, scales = _quantize_blocks(x, scale.value.reshape(()), arithmetic)
         return cls(packed, LinearBlockScales.from_checkpoint(scales), scale)
 
     def to(self, device: torch.device | str) -> Nvfp4Tensor:
@@ -224,16 +268,22 @@ class Nvfp4ExpertWeights:
         return int(experts), int(rows), 2 * int(half_cols)
 
     @classmethod
-    def quantize(cls, w: torch.Tensor, global_scales: ExpertQuantizeGlobalScales | None = None) -> Nvfp4ExpertWeights:
+    def quantize(
+        cls,
+        w: torch.Tensor,
+        global_scales: ExpertQuantizeGlobalScales | None = None,
+        *,
+        arithmetic: Nvfp4Arithmetic = Nvfp4Arithmetic.FLOAT32,
+    ) -> Nvfp4ExpertWeights:
         """Quantize finite float weights ``[E, rows, cols]`` (cols a multiple of 16).
 
         Without ``global_scales``, each expert gets ``448 * 6 / amax`` of its own
         values, and an all-zero expert gets 1.0 (as compressed-tensors does).
         """
         _check_float_input("w", w, 3, "[num_experts, rows, cols]")
+        _check_arithmetic(arithmetic)
         if global_scales is None:
-            amax = w.detach().abs().amax(dim=(1, 2)).to(torch.float32)
-            global_scales = ExpertQuantizeGlobalScales.from_amax(torch.where(amax > 0, amax, NVFP4_RANGE))
+            global_scales = _global_scales_of(w.detach().abs().amax(dim=(1, 2)), arithmetic)
         elif not isinstance(global_scales, ExpertQuantizeGlobalScales):
             raise TypeError(f"global_scales: expected ExpertQuantizeGlobalScales, got {type(global_scales).__name__}")
         elif global_scales.num_experts != w.shape[0]:
@@ -241,7 +291,7 @@ class Nvfp4ExpertWeights:
                 f"global_scales: expected {w.shape[0]} scales, one per expert of w, got {global_scales.num_experts}"
             )
         scales_on_device = global_scales.to(w.device)
-        packed, scales = _quantize_blocks(w, scales_on_device.value)
+        packed, scales = _quantize_blocks(w, scales_on_device.value, arithmetic)
         return cls(packed, LinearBlockScales.from_checkpoint(scales), scales_on_device)
 
     def to(self, device: torch.device | str) -> Nvfp4ExpertWeights:
@@ -318,13 +368,18 @@ class Nvfp4GateUpWeights:
         return self.gate.packed.device
 
     @classmethod
-    def quantize(cls, w13: torch.Tensor) -> Nvfp4GateUpWeights:
+    def quantize(
+        cls, w13: torch.Tensor, *, arithmetic: Nvfp4Arithmetic = Nvfp4Arithmetic.FLOAT32
+    ) -> Nvfp4GateUpWeights:
         """Quantize ``w13 [E, 2 * I, H]`` (gate rows first), each half with the global scales of its own amax."""
         _check_float_input("w13", w13, 3, "[num_experts, 2 * intermediate, hidden]")
         if w13.shape[1] % 2:
             raise ValueError(f"w13: expected an even row count [gate | up], got {w13.shape[1]}")
         gate, up = w13.chunk(2, dim=1)
-        return cls(gate=Nvfp4ExpertWeights.quantize(gate), up=Nvfp4ExpertWeights.quantize(up))
+        return cls(
+            gate=Nvfp4ExpertWeights.quantize(gate, arithmetic=arithmetic),
+            up=Nvfp4ExpertWeights.quantize(up, arithmetic=arithmetic),
+        )
 
     def to(self, device: torch.device | str) -> Nvfp4GateUpWeights:
         """The same weights on ``device``."""

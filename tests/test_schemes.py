@@ -1,0 +1,226 @@
+"""The schemes end to end on the CPU, from the fixture checkpoints made by llmcompressor and ModelOpt.
+
+Every layer is loaded through ``MoeCheckpoint`` (the scheme's parameters,
+its per-expert loader, its processing) and run through the reference
+backend; the expected values come from ``tests/checkpoint_oracles.py``,
+which reads the files directly and decompresses with compressed-tensors.
+
+Tolerances (relative l2 over the layer's bf16 output):
+
+- ``BF16_OUTPUT`` = 4e-3 (half a bf16 epsilon): the same weights computed in
+  float32 and float64; measured 1.6e-3 to 1.7e-3.
+- ``ACTIVATION_QUANTIZATION`` = (0.05, 0.25): W4A4 against the same weights
+  with unquantized activations; measured 0.13 to 0.19. The gate/up
+  ``[:, 0]`` collapse on the split fixture measured 0.37.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from moe_core import (
+    Nvfp4Arithmetic,
+    Nvfp4ExpertWeights,
+    Nvfp4GateUpWeights,
+    Nvfp4MoeWeights,
+    StandardDispatchOutput,
+    TopKOutput,
+    create_runner,
+    select_experts,
+)
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
+from moe_core.checkpoint import MoeCheckpoint
+from moe_core.float64_moe import float64_moe
+from moe_core.moe_weights import DenseMoeWeights
+from moe_core.scheme import ExpertScheme
+from moe_core.schemes.compressed_tensors_w4a4_nvfp4 import CompressedTensorsW4A4Nvfp4MoE
+from moe_core.schemes.modelopt_nvfp4 import ModelOptNvfp4MoE
+from moe_core.schemes.unquantized import UnquantizedMoE
+from tests.checkpoint_oracles import BF16, CT_NVFP4, CT_SPLIT, MODELOPT, block_of, ct_decompressed, expert_weights, read_tensors
+
+BF16_OUTPUT = 4e-3
+ACTIVATION_QUANTIZATION = (0.05, 0.25)
+LAYERS = (0, 1)
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    diff = actual.double() - expected.double()
+    return float(diff.norm() / expected.double().norm())
+
+
+def routed_batch(checkpoint: MoeCheckpoint, scheme: ExpertScheme[Nvfp4MoeWeights] | ExpertScheme[DenseMoeWeights],
+                 layer: int, tokens: int, gen: torch.Generator) -> StandardDispatchOutput:
+    """Fresh N(0, 1) hidden states (post-RMSNorm scale) routed by the checkpoint's own router."""
+    x = torch.randn(tokens, checkpoint.hidden_size, generator=gen).to(torch.bfloat16)
+    logits = x.float() @ checkpoint.router_weight(layer).float().T
+    return StandardDispatchOutput(x, select_experts(logits, scheme.config))
+
+
+def nvfp4_layer(directory: Path, layer: int) -> tuple[MoeCheckpoint, ExpertScheme[Nvfp4MoeWeights]]:
+    checkpoint = MoeCheckpoint(directory)
+    scheme = checkpoint.load_layer(layer)
+    assert isinstance(scheme, (CompressedTensorsW4A4Nvfp4MoE, ModelOptNvfp4MoE))
+    return checkpoint, scheme
+
+
+def loaded_weights(scheme: ExpertScheme[Nvfp4MoeWeights]) -> Nvfp4MoeWeights:
+    assert scheme.weights is not None
+    return scheme.weights
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("directory", [CT_NVFP4, CT_SPLIT], ids=["stock", "split"])
+def test_canonical_weights_are_compressed_tensors_decompression_bit_for_bit(directory: Path, layer: int) -> None:
+    _, scheme = nvfp4_layer(directory, layer)
+    weights = loaded_weights(scheme)
+    tensors = read_tensors(directory)
+    block = block_of(directory, layer)
+    for expert in range(weights.num_experts):
+        for half, projection in ((weights.w13.gate, "gate_proj"), (weights.w13.up, "up_proj"), (weights.w2, "down_proj")):
+            expected = ct_decompressed(tensors, f"{block}.experts.{expert}.{projection}")
+            assert torch.equal(half.dequantize_expert(expert, torch.bfloat16), expected), (expert, projection)
+
+
+def test_split_fixture_has_differing_gate_up_scales_and_a_tiny_expert() -> None:
+    _, scheme = nvfp4_layer(CT_SPLIT, 0)
+    w13 = loaded_weights(scheme).w13
+    gate, up = w13.gate.global_scales.value, w13.up.global_scales.value
+    assert int((gate != up).sum()) == 8
+    assert float((up / gate).max() / (up / gate).min()) > 3
+    assert float(gate[5]) > 300 * float(torch.cat((gate[:5], gate[6:])).max())  # expert 5: amax 1e-3 of the others
+    _, stock = nvfp4_layer(CT_NVFP4, 0)
+    stock_w13 = loaded_weights(stock).w13
+    assert torch.equal(stock_w13.gate.global_scales.value, stock_w13.up.global_scales.value)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("directory", [CT_NVFP4, CT_SPLIT, MODELOPT], ids=["stock", "split", "modelopt"])
+@pytest.mark.parametrize("tokens", [1, 37])
+def test_nvfp4_layer_matches_decompressed_checkpoint_through_a_float_moe(
+    directory: Path, layer: int, tokens: int, gen: torch.Generator
+) -> None:
+    checkpoint, scheme = nvfp4_layer(directory, layer)
+    weights = loaded_weights(scheme)
+    dispatch = routed_batch(checkpoint, scheme, layer, tokens, gen)
+    out = scheme.apply(dispatch)
+    assert out.shape == dispatch.hidden_states.shape and out.dtype == torch.bfloat16
+
+    decompress = "modelopt" if directory == MODELOPT else "compressed-tensors"
+    w13, w2 = expert_weights(directory, layer, decompress)
+    # the same weights without activation quantization (W4A16): only the float32 math and bf16 output differ
+    dense = create_runner(REFERENCE_DENSE, scheme.config).run(dispatch, DenseMoeWeights(w13=w13, w2=w2))
+    assert rel_err(dense, float64_moe(scheme.config, dispatch, w13, w2)) < BF16_OUTPUT
+    # W4A4 with the checkpoint's collapsed input scales, in float64 on the canonical weights
+    w4a4 = float64_moe(
+        scheme.config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(),
+        (weights.w13_input_scale, weights.w2_input_scale),
+    )
+    assert rel_err(out, w4a4) < BF16_OUTPUT
+    # and against the independently decompressed weights through a plain float MoE: activation quantization only
+    low, high = ACTIVATION_QUANTIZATION
+    assert low < rel_err(out, float64_moe(scheme.config, dispatch, w13, w2)) < high
+
+
+def test_modelopt_weights_are_its_dequantization_formula() -> None:
+    _, scheme = nvfp4_layer(MODELOPT, 0)
+    weights = loaded_weights(scheme)
+    w13, w2 = expert_weights(MODELOPT, 0, "modelopt")
+    # reciprocals of ModelOpt's dequantize-side scales: within one float32 rounding of its formula
+    torch.testing.assert_close(weights.w13.dequantize(), w13, rtol=2**-22, atol=0)
+    torch.testing.assert_close(weights.w2.dequantize(), w2, rtol=2**-22, atol=0)
+
+
+def test_gate_up_collapsed_to_gate_scale_is_caught_on_the_split_fixture(gen: torch.Generator) -> None:
+    checkpoint, scheme = nvfp4_layer(CT_SPLIT, 0)
+    weights = loaded_weights(scheme)
+    dispatch = routed_batch(checkpoint, scheme, 0, 64, gen)
+    w13, w2 = expert_weights(CT_SPLIT, 0)
+    gate = weights.w13.gate
+    up_with_gate_scale = Nvfp4ExpertWeights(weights.w13.up.packed, weights.w13.up.block_scales, gate.global_scales)
+    collapsed = Nvfp4MoeWeights(
+        w13=Nvfp4GateUpWeights(gate=gate, up=up_with_gate_scale),
+        w2=weights.w2,
+        w13_input_scale=weights.w13_input_scale,
+        w2_input_scale=weights.w2_input_scale,
+    )
+    wrong = create_runner(REFERENCE_NVFP4, scheme.config).run(dispatch, collapsed)
+    assert rel_err(wrong, float64_moe(scheme.config, dispatch, w13, w2)) > ACTIVATION_QUANTIZATION[1]
+
+
+def test_tiny_expert_keeps_its_weights_and_its_w4a4_activations_underflow_the_shared_scale(
+    gen: torch.Generator,
+) -> None:
+    """Expert 5 of the split fixture has 1e-3 of the others' weights.
+
+    Its weights keep their own global scales (its W4A16 output matches
+    compressed-tensors' decompression at its own scale), but under W4A4 its
+    gated activation (about 1e-6 of the others') lies below what the one
+    shared ``w2`` input scale can represent, so it quantizes to zero: a
+    consequence of a scalar input scale (the collapse policy), which the
+    float64 oracle shows too.
+    """
+    checkpoint, scheme = nvfp4_layer(CT_SPLIT, 0)
+    weights = loaded_weights(scheme)
+    x = torch.randn(16, checkpoint.hidden_size, generator=gen).to(torch.bfloat16)
+    ids = torch.tensor([[5, 0]] * 16, dtype=torch.int32)
+    dispatch = StandardDispatchOutput(x, TopKOutput(ids, torch.tensor([[1.0, 0.0]] * 16), num_experts=8))
+    w13, w2 = expert_weights(CT_SPLIT, 0)
+    expected_w4a16 = float64_moe(scheme.config, dispatch, w13, w2)
+    assert 0 < float(expected_w4a16.abs().max()) < 1e-4
+    w4a16 = create_runner(REFERENCE_DENSE, scheme.config).run(dispatch, weights.dequantize())
+    assert rel_err(w4a16, expected_w4a16) < BF16_OUTPUT
+    w4a4_oracle = float64_moe(
+        scheme.config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(),
+        (weights.w13_input_scale, weights.w2_input_scale),
+    )
+    assert torch.count_nonzero(w4a4_oracle) == 0
+    assert torch.count_nonzero(scheme.apply(dispatch)) == 0
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_unquantized_layer_matches_transformers_moe_block(layer: int, gen: torch.Generator) -> None:
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(BF16), dtype=torch.float32)
+    checkpoint = MoeCheckpoint(BF16)
+    scheme = checkpoint.load_layer(layer)
+    assert isinstance(scheme, UnquantizedMoE)
+    dispatch = routed_batch(checkpoint, scheme, layer, 37, gen)
+    with torch.no_grad():
+        expected = model.model.layers[layer].mlp(dispatch.hidden_states.float()[None])[0]
+    assert rel_err(scheme.apply(dispatch), expected) < BF16_OUTPUT
+
+
+def test_llmcompressor_checkpoint_is_our_input_dtype_quantization_of_its_bf16_source() -> None:
+    for layer in LAYERS:
+        source = MoeCheckpoint(BF16).load_layer(layer).weights
+        _, scheme = nvfp4_layer(CT_NVFP4, layer)
+        stored = loaded_weights(scheme)
+        assert isinstance(source, DenseMoeWeights)
+        inter = source.intermediate_size
+        # llmcompressor gives gate and up one global scale, from their joint amax
+        shared = Nvfp4ExpertWeights.quantize(source.w13, arithmetic=Nvfp4Arithmetic.INPUT_DTYPE).global_scales
+        halves = ((source.w13[:, :inter], stored.w13.gate, shared), (source.w13[:, inter:], stored.w13.up, shared),
+                  (source.w2, stored.w2, None))
+        for weight, expected, global_scales in halves:
+            ours = Nvfp4ExpertWeights.quantize(weight.contiguous(), global_scales, arithmetic=Nvfp4Arithmetic.INPUT_DTYPE)
+            assert torch.equal(ours.global_scales.value, expected.global_scales.value)
+            assert torch.equal(ours.block_scales.data.view(torch.uint8), expected.block_scales.data.view(torch.uint8))
+            assert torch.equal(ours.packed, expected.packed)
+        float32 = Nvfp4ExpertWeights.quantize(source.w2, arithmetic=Nvfp4Arithmetic.FLOAT32)
+        assert not torch.equal(float32.global_scales.value, stored.w2.global_scales.value)
+
+
+def test_checkpoint_reads_sizes_and_routing_as_each_architecture_names_them() -> None:
+    qwen, mixtral = MoeCheckpoint(CT_NVFP4), MoeCheckpoint(CT_SPLIT)
+    assert (qwen.num_experts, qwen.top_k, qwen.hidden_size, qwen.intermediate_size) == (8, 2, 128, 64)
+    assert (mixtral.num_experts, mixtral.top_k, mixtral.hidden_size, mixtral.intermediate_size) == (8, 2, 128, 64)
+    assert qwen.moe_layers() == mixtral.moe_layers() == [0, 1]
+    assert json.loads((CT_NVFP4 / "config.json").read_text())["moe_intermediate_size"] == 64
+    assert json.loads((CT_SPLIT / "config.json").read_text())["intermediate_size"] == 64
+    assert qwen.scheme().name == mixtral.scheme().name == "compressed-tensors-w4a4-nvfp4"
+    assert MoeCheckpoint(MODELOPT).scheme().name == "modelopt-nvfp4"
+    assert MoeCheckpoint(BF16).scheme().name == "unquantized"
