@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import final
+from typing import TypeVar, final
 
 import attrs
 import torch
@@ -26,6 +26,8 @@ from moe_core.scheme import MoeScheme, SchemeSpec, UnsupportedCheckpoint
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+S = TypeVar("S", bound=MoeScheme)
+
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -228,21 +230,28 @@ class MoeCheckpoint:
         """Layer ``layer`` through its scheme: created, loaded expert by expert, processed, ready to apply.
 
         ``config`` defaults to :meth:`runner_config` (all experts local);
-        ``scheme`` to :meth:`scheme`.
+        ``scheme`` to :meth:`scheme`. :meth:`load_into` does the same for a
+        scheme object the caller made (and keeps its type).
         """
         spec = self.scheme() if scheme is None else scheme
-        layer_scheme = spec.for_layer(self.runner_config() if config is None else config, device, self.dtype)
+        return self.load_into(layer, spec.for_layer(self.runner_config() if config is None else config, device, self.dtype))
+
+    def load_into(self, layer: int, scheme: S) -> S:
+        """Hand ``layer``'s expert tensors to ``scheme``'s loader one at a time, then process them; returns ``scheme``.
+
+        A tensor the scheme refuses is reported by its name in the checkpoint.
+        """
         keys = self.expert_keys(layer)
         names = {key: (expert, shard, name) for key, expert, shard, name in keys}
         for key, tensor in self._read(list(names)):
             expert, shard, name = names[key]
             try:
-                layer_scheme.load_expert_weight(name, tensor, expert_id=expert, shard=shard)
+                scheme.load_expert_weight(name, tensor, expert_id=expert, shard=shard)
             except (TypeError, ValueError) as error:
-                short, message = f"experts.{expert}.{shard.name.lower()}.{name}", str(error)
+                short, message = f"experts.{expert}.{shard.projection}.{name}", str(error)
                 raise type(error)(key + message[len(short):] if message.startswith(short) else f"{key}: {message}") from None
         try:
-            layer_scheme.process_weights_after_loading()
+            scheme.process_weights_after_loading()
         except (TypeError, ValueError) as error:
             raise type(error)(f"{self.block_prefix(layer)} of {self.directory}: {error}") from None
-        return layer_scheme
+        return scheme

@@ -32,6 +32,11 @@ class ExpertShard(enum.Enum):
     DOWN = "w2"
     """``down_proj`` (Mixtral: ``w2``)."""
 
+    @property
+    def projection(self) -> str:
+        """The projection's name in Qwen/Llama-style checkpoints (``gate_proj``, ``up_proj``, ``down_proj``)."""
+        return {ExpertShard.GATE: "gate_proj", ExpertShard.UP: "up_proj", ExpertShard.DOWN: "down_proj"}[self]
+
     @classmethod
     def from_projection(cls, projection: str) -> ExpertShard:
         """The shard of a checkpoint's projection name (``gate_proj`` or ``w1``, ...)."""
@@ -135,7 +140,7 @@ class ExpertParams:
             raise ValueError(f"expert_id: expected an id < {config.num_experts} (num_experts), got {expert_id}")
         if not isinstance(shard, ExpertShard):
             raise TypeError(f"shard: expected an ExpertShard, got {shard!r}")
-        where = f"experts.{expert_id}.{shard.name.lower()}.{name}"
+        where = f"experts.{expert_id}.{shard.projection}.{name}"
         spec = self.specs.get(name)
         if spec is None:
             raise ValueError(f"{where}: the {self.scheme} scheme takes no tensor {name!r} (it takes {sorted(self.specs)})")
@@ -165,7 +170,7 @@ class ExpertParams:
         """Every tensor not loaded yet, as ``experts.{global id}.{shard}.{name}``."""
         offset = self.config.local_expert_offset
         return [
-            f"experts.{offset + local}.{shard.name.lower()}.{name}"
+            f"experts.{offset + local}.{shard.projection}.{name}"
             for name, loaded in self._loaded.items()
             for local, column in (~loaded).nonzero().tolist()
             for shard in (list(ExpertShard)[column],)

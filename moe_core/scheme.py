@@ -141,6 +141,11 @@ class MoeScheme(Protocol):
     """One MoE layer under a quantization scheme, as an engine drives it."""
 
     @property
+    def config(self) -> MoeRunnerConfig:
+        """The layer, as this rank sees it."""
+        ...
+
+    @property
     def format(self) -> FormatInfo:
         """The canonical weight format it builds."""
         ...

@@ -60,7 +60,7 @@ def modelopt_decompressed(tensors: dict[str, torch.Tensor], prefix: str) -> torc
     """ModelOpt's dequantization of one projection, ``e2m1 * weight_scale * weight_scale_2``, in float32."""
     packed = tensors[f"{prefix}.weight"]
     rows, half = packed.shape
-    values = unpack_fp4_from_uint8(packed, rows, 2 * half, torch.float32)
+    values: torch.Tensor = unpack_fp4_from_uint8(packed, rows, 2 * half, torch.float32)
     scales = tensors[f"{prefix}.weight_scale"].to(torch.float32).repeat_interleave(16, dim=1)
     return values * scales * tensors[f"{prefix}.weight_scale_2"].to(torch.float32)
 
@@ -95,11 +95,17 @@ def copy_checkpoint(source: Path, target: Path) -> Path:
     return target
 
 
-def rewrite_tensor(directory: Path, key: str, value: torch.Tensor | None) -> None:
-    """Replace (or with None, delete) one tensor of a sharded checkpoint, keeping its index consistent."""
+def rewrite_tensor(directory: Path, key: str, value: torch.Tensor | None, *, beside: str | None = None) -> None:
+    """Replace, add (in the file of tensor ``beside``) or, with None, delete one tensor of a sharded checkpoint.
+
+    The index stays consistent with the files.
+    """
     index_path = directory / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())
-    file_name = index["weight_map"][key]
+    file_name = index["weight_map"][beside or key]
+    if key not in index["weight_map"]:
+        index["weight_map"][key] = file_name
+        index_path.write_text(json.dumps(index))
     with safe_open(str(directory / file_name), "pt") as handle:
         tensors = {name: handle.get_tensor(name) for name in handle.keys()}
     if value is None:

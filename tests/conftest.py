@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 import moe_core.backends.reference  # noqa: F401  # registers the reference backends
+from moe_core import registry
 
 
 @pytest.fixture
@@ -17,3 +20,12 @@ def gen() -> torch.Generator:
     seed = int(os.environ.get("MOE_CORE_SEED", secrets.randbits(31)))
     print(f"seed {seed} (replay with MOE_CORE_SEED={seed})")
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Registrations made by the test vanish after it, and so do the plugin modules it imported."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    yield
+    for name in [name for name in sys.modules if name.startswith("tests.plugins.")]:
+        del sys.modules[name]

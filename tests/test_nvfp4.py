@@ -16,6 +16,7 @@ from compressed_tensors.quantization.utils.helpers import calculate_qparams, gen
 
 from moe_core import (
     ExpertQuantizeGlobalScales,
+    Nvfp4Arithmetic,
     ExpertScalePolicy,
     LinearBlockScales,
     Nvfp4ExpertWeights,
@@ -170,3 +171,37 @@ def test_constructors_reject_inconsistent_parts(gen: torch.Generator) -> None:
     w = Nvfp4ExpertWeights.quantize(torch.randn(2, 4, 32, generator=gen))
     with pytest.raises(ValueError, match="expected 2 experts like packed, got 3"):
         Nvfp4ExpertWeights(w.packed, w.block_scales, ExpertQuantizeGlobalScales.from_checkpoint(torch.ones(3)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("rows", "cols"), [(8, 64), (37, 160), (128, 256)])
+def test_input_dtype_arithmetic_matches_compressed_tensors_on_half_precision(
+    gen: torch.Generator, rows: int, cols: int, dtype: torch.dtype
+) -> None:
+    w = (random_weight(gen, rows, cols) / 4).to(dtype)
+    ct = compressed_tensors_compress(w)
+
+    ours = Nvfp4ExpertWeights.quantize(w[None], arithmetic=Nvfp4Arithmetic.INPUT_DTYPE)
+
+    assert torch.equal(ours.global_scales.value, ct["weight_global_scale"])
+    assert torch.equal(ours.block_scales.data[0].view(torch.uint8), ct["weight_scale"].view(torch.uint8))
+    assert torch.equal(ours.packed[0], ct["weight_packed"])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_float32_arithmetic_differs_from_compressed_tensors_on_half_precision(
+    gen: torch.Generator, dtype: torch.dtype
+) -> None:
+    w = (random_weight(gen, 128, 256) / 4).to(dtype)
+    ct = compressed_tensors_compress(w)
+    ours = Nvfp4ExpertWeights.quantize(w[None], ExpertQuantizeGlobalScales.from_checkpoint(ct["weight_global_scale"]))
+    # the same global scale, yet block scales rounded from float32 amax / 6 differ somewhere
+    assert not torch.equal(ours.block_scales.data[0].view(torch.uint8), ct["weight_scale"].view(torch.uint8))
+
+
+def test_fp16_global_scale_overflow_falls_back_to_one_like_compressed_tensors() -> None:
+    w = torch.full((4, 32), 0.01, dtype=torch.float16)  # 2688 / 0.01 overflows fp16
+    ct = compressed_tensors_compress(w)
+    ours = Nvfp4ExpertWeights.quantize(w[None], arithmetic=Nvfp4Arithmetic.INPUT_DTYPE)
+    assert float(ct["weight_global_scale"]) == float(ours.global_scales.value) == 1.0
+    assert float(Nvfp4ExpertWeights.quantize(w[None]).global_scales.value) == pytest.approx(268800, rel=1e-3)

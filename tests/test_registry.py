@@ -41,15 +41,6 @@ from tests.type_cases.accepted.third_party_backend import ScaledIdentityQuantInf
 CONFIG = MoeRunnerConfig(num_experts=4, hidden_size=32, intermediate_size_per_partition=16, top_k=2)
 
 
-@pytest.fixture
-def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Registrations made by the test vanish after it, and so do the plugin modules it imported."""
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    yield
-    for name in [name for name in sys.modules if name.startswith("tests.plugins.")]:
-        del sys.modules[name]
-
-
 def with_plugins(monkeypatch: pytest.MonkeyPatch, **modules: str) -> None:
     """Add entry points (name -> module) to the real ones of the group."""
     extra = [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in modules.items()]

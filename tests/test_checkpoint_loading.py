@@ -1,0 +1,198 @@
+"""Loading as engines do it, and what a malformed checkpoint gets: an error that names what is wrong."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from moe_core import (
+    NVFP4,
+    Availability,
+    BackendSelectionError,
+    ExpertScalePolicy,
+    GateUpScalePolicy,
+    StandardDispatchOutput,
+    create_runner,
+    register_backend,
+    select_experts,
+)
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4, ReferenceNvfp4Runner
+from moe_core.checkpoint import MoeCheckpoint
+from moe_core.expert_params import ExpertShard
+from moe_core.scheme import UnsupportedCheckpoint
+from moe_core.schemes.compressed_tensors_w4a4_nvfp4 import CompressedTensorsW4A4Nvfp4MoE
+from tests.checkpoint_oracles import CT_NVFP4, CT_SPLIT, copy_checkpoint, edit_config, read_tensors, rewrite_tensor
+
+EXPERT_3_UP = "model.layers.0.mlp.experts.3.up_proj"
+
+
+@pytest.fixture
+def checkpoint_copy(tmp_path: Path) -> Path:
+    return copy_checkpoint(CT_NVFP4, tmp_path / "checkpoint")
+
+
+def test_missing_tensor_is_named(checkpoint_copy: Path) -> None:
+    rewrite_tensor(checkpoint_copy, f"{EXPERT_3_UP}.weight_scale", None)
+    with pytest.raises(ValueError, match=re.escape("1 checkpoint tensors were never loaded: experts.3.up_proj.weight_scale")):
+        MoeCheckpoint(checkpoint_copy).load_layer(0)
+
+
+def test_wrong_dtype_is_named(checkpoint_copy: Path) -> None:
+    key = f"{EXPERT_3_UP}.weight_global_scale"
+    rewrite_tensor(checkpoint_copy, key, read_tensors(CT_NVFP4)[key].to(torch.float16))
+    with pytest.raises(TypeError, match=re.escape(f"{key}: expected dtype torch.float32, got torch.float16")):
+        MoeCheckpoint(checkpoint_copy).load_layer(0)
+
+
+def test_wrong_shape_is_named(checkpoint_copy: Path) -> None:
+    key = f"{EXPERT_3_UP}.weight_packed"
+    rewrite_tensor(checkpoint_copy, key, read_tensors(CT_NVFP4)[key][:, :32].contiguous())
+    with pytest.raises(ValueError, match=re.escape(f"{key}: expected shape (64, 64) [out_features, in_features / 2]")):
+        MoeCheckpoint(checkpoint_copy).load_layer(0)
+
+
+def test_unknown_tensor_is_named(checkpoint_copy: Path) -> None:
+    key = f"{EXPERT_3_UP}.weight_zero_point"
+    rewrite_tensor(checkpoint_copy, key, torch.zeros(64, 8, dtype=torch.int8), beside=f"{EXPERT_3_UP}.weight_packed")
+    with pytest.raises(ValueError, match=re.escape(f"{key}: the compressed-tensors-w4a4-nvfp4 scheme takes no tensor")):
+        MoeCheckpoint(checkpoint_copy).load_layer(0)
+
+
+def test_non_finite_scale_is_refused(checkpoint_copy: Path) -> None:
+    rewrite_tensor(checkpoint_copy, f"{EXPERT_3_UP}.weight_global_scale", torch.tensor([float("inf")]))
+    with pytest.raises(ValueError, match="expected finite values"):
+        MoeCheckpoint(checkpoint_copy).load_layer(0)
+
+
+def test_unknown_quantization_config_lists_every_schemes_reason(checkpoint_copy: Path) -> None:
+    edit_config(checkpoint_copy, quantization_config={"quant_method": "awq", "bits": 4})
+    with pytest.raises(UnsupportedCheckpoint) as raised:
+        MoeCheckpoint(checkpoint_copy).load_layer(0)
+    message = str(raised.value)
+    assert "compressed-tensors-w4a4-nvfp4: quant_method is 'awq', not 'compressed-tensors'" in message
+    assert "modelopt-nvfp4: quant_method is 'awq', not 'modelopt'" in message
+    assert "unquantized: the checkpoint is quantized (quant_method 'awq')" in message
+
+
+def test_nvfp4_weight_only_config_is_not_w4a4(checkpoint_copy: Path) -> None:
+    config = MoeCheckpoint(checkpoint_copy).config["quantization_config"]
+    assert isinstance(config, dict)
+    config["config_groups"]["group_0"]["input_activations"] = None
+    edit_config(checkpoint_copy, quantization_config=config)
+    with pytest.raises(UnsupportedCheckpoint, match="input_activations: not quantized"):
+        MoeCheckpoint(checkpoint_copy).scheme()
+
+
+def test_unknown_architecture_and_missing_files(tmp_path: Path, checkpoint_copy: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="config.json: not found"):
+        MoeCheckpoint(tmp_path)
+    edit_config(checkpoint_copy, model_type="llama")
+    with pytest.raises(UnsupportedCheckpoint, match="model_type 'llama' is not an MoE architecture the loader knows"):
+        MoeCheckpoint(checkpoint_copy)
+    edit_config(checkpoint_copy, model_type="qwen3_moe")
+    (checkpoint_copy / "model.safetensors.index.json").unlink()
+    with pytest.raises(FileNotFoundError, match="neither model.safetensors.index.json nor model.safetensors"):
+        MoeCheckpoint(checkpoint_copy)
+
+
+def test_layer_without_experts_lists_the_moe_layers() -> None:
+    with pytest.raises(ValueError, match=re.escape("has MoE experts in layers [0, 1], not in layer 2")):
+        MoeCheckpoint(CT_NVFP4).load_layer(2)
+
+
+def test_disagreeing_scales_under_require_equal_policies() -> None:
+    """The split fixture: w1/w3 weight scales differ (kept apart, never an error), input scales differ per expert."""
+    checkpoint = MoeCheckpoint(CT_SPLIT)
+    strict = CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config(), input_scale_policy=ExpertScalePolicy.REQUIRE_EQUAL)
+    # every expert saw every calibration token, so w1/w3 input scales agree; w2's differ per expert
+    with pytest.raises(ValueError, match=r"model.layers.0.block_sparse_moe of .*: QuantizeGlobalScale: experts disagree"):
+        checkpoint.load_into(0, strict)
+    weights = checkpoint.load_into(0, CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config())).weights
+    assert weights is not None
+    with pytest.raises(ValueError, match=re.escape("w13: gate and up global scales differ for experts [0, 1, 2, 3, 4, 5, 6, 7]")):
+        weights.w13.with_shared_global_scales(GateUpScalePolicy.REQUIRE_EQUAL)
+
+
+def test_engine_style_loading_one_expert_and_shard_at_a_time_with_expert_parallelism(gen: torch.Generator) -> None:
+    """Two ranks of 4 local experts each hold the whole layer's experts, and their outputs add up to it.
+
+    The sum is taken on the W4A16 path (dense reference on the dequantized
+    weights): under W4A4 each rank collapses only its own experts' input
+    scales, as an engine holding local parameters does, so the ranks'
+    activations round differently from the whole layer's.
+    """
+    checkpoint = MoeCheckpoint(CT_SPLIT)
+    tensors = read_tensors(CT_SPLIT)
+    full = checkpoint.load_into(0, CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config()))
+    assert full.weights is not None
+    x = torch.randn(23, checkpoint.hidden_size, generator=gen).to(torch.bfloat16)
+    dispatch = StandardDispatchOutput(x, select_experts(x.float() @ checkpoint.router_weight(0).float().T, full.config))
+    partial = []
+    for offset in (0, 4):
+        config = checkpoint.runner_config(num_local_experts=4, local_expert_offset=offset)
+        rank = CompressedTensorsW4A4Nvfp4MoE(config)
+        loaded = 0
+        for key, expert, shard, name in checkpoint.expert_keys(0):
+            loaded += rank.load_expert_weight(name, tensors[key], expert_id=expert, shard=shard)
+        assert loaded == 4 * 3 * 4  # 4 local experts, 3 projections, 4 tensors each; the rest skipped
+        rank.process_weights_after_loading()
+        assert rank.weights is not None
+        assert torch.equal(rank.weights.w13.up.packed, full.weights.w13.up.packed[offset : offset + 4])
+        assert torch.equal(rank.weights.w2.global_scales.value, full.weights.w2.global_scales.value[offset : offset + 4])
+        partial.append(create_runner(REFERENCE_DENSE, config).run(dispatch, rank.weights.dequantize()).float())
+    whole = create_runner(REFERENCE_DENSE, full.config).run(dispatch, full.weights.dequantize()).float()
+    torch.testing.assert_close(partial[0] + partial[1], whole, rtol=0, atol=2 * float(whole.abs().max()) * 2**-8)
+
+
+def test_loader_refuses_ids_and_shards_that_do_not_exist() -> None:
+    scheme = CompressedTensorsW4A4Nvfp4MoE(MoeCheckpoint(CT_NVFP4).runner_config())
+    packed = torch.zeros(64, 64, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=re.escape("expert_id: expected an id < 8 (num_experts), got 8")):
+        scheme.load_expert_weight("weight_packed", packed, expert_id=8, shard=ExpertShard.GATE)
+    with pytest.raises(TypeError, match="shard: expected an ExpertShard"):
+        scheme.load_expert_weight("weight_packed", packed, expert_id=0, shard="w1")  # type: ignore[arg-type]  # a str where the enum belongs
+    with pytest.raises(RuntimeError, match="call process_weights_after_loading"):
+        scheme.apply(StandardDispatchOutput(torch.randn(1, 128), select_experts(torch.randn(1, 8), scheme.config)))
+
+
+def test_parameters_can_be_created_on_meta_and_the_reference_says_why_it_cannot_run_there() -> None:
+    checkpoint = MoeCheckpoint(CT_NVFP4)
+    with pytest.raises(BackendSelectionError, match="reference-nvfp4: meta tensors hold no values"):
+        checkpoint.load_layer(0, device=torch.device("meta"))
+    scheme = CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config(), torch.device("meta"))
+    assert scheme.params.gate_up("weight_packed").shape == (8, 2, 64, 64)
+    assert scheme.params.gate_up("weight_packed").is_meta
+
+
+def _nowhere(device: torch.device) -> Availability:
+    return Availability.unavailable("needs a device this machine lacks")
+
+
+@pytest.mark.usefixtures("isolated_registry")
+def test_forced_backend_and_the_reasons_when_it_cannot_run() -> None:
+    checkpoint = MoeCheckpoint(CT_NVFP4)
+    forced = CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config(), backend=REFERENCE_NVFP4)
+    assert forced.backend_choices() == (REFERENCE_NVFP4,)
+    never = register_backend(
+        "test-never-nvfp4",
+        description="a plugin that runs nowhere",
+        factory=ReferenceNvfp4Runner,
+        availability=_nowhere,
+        conversions=[REFERENCE_NVFP4.route(NVFP4).conversion],
+    )
+    refused = CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config(), backend=never.route(NVFP4))
+    tensors = read_tensors(CT_NVFP4)
+    for key, expert, shard, name in checkpoint.expert_keys(0):
+        refused.load_expert_weight(name, tensors[key], expert_id=expert, shard=shard)
+    with pytest.raises(BackendSelectionError, match="no backend runs on cpu: test-never-nvfp4: needs a device this machine lacks"):
+        refused.process_weights_after_loading()
+    # not forced: the plugin is one more choice (after the ones the scheme names), passed over with its reason
+    default = checkpoint.load_into(0, CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config()))
+    assert [choice.name for choice in default.backend_choices()] == ["reference-nvfp4", "test-never-nvfp4"]
+    assert default.backend_summary() == (
+        "compressed-tensors-w4a4-nvfp4: backend reference-nvfp4; "
+        "unavailable: test-never-nvfp4 (needs a device this machine lacks)"
+    )
