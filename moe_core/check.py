@@ -11,6 +11,11 @@ scales) and one routed batch, per canonical format:
 3. every registered backend that converts from the format, through its own
    registered conversion, against the oracle, with the user's tolerance.
 
+With ``--checkpoint DIR``, the layer is one MoE layer of a real checkpoint,
+loaded through its scheme, and the batch is routed by its own router: the
+same rows for the scheme's format, the ``info`` row comparing with the
+dequantized weights without activation quantization.
+
 Each row carries the median time per call. A backend that raises, returns
 the wrong shape, dtype or device, or misses its tolerance is a FAILED row.
 """
@@ -127,7 +132,7 @@ class CheckRun:
 
     config: MoeRunnerConfig
     source: DenseMoeWeights
-    """The random float32 layer every format's weights are built from."""
+    """The float32 layer every format's weights are built from (random, or a checkpoint's, dequantized)."""
     dispatch: StandardDispatchOutput
     backends: Sequence[BackendEntry]
     tolerance: float
@@ -151,24 +156,34 @@ class FormatCheck(Generic[W]):
     independent_name: str
 
     def rows(self, run: CheckRun) -> list[CheckRow]:
-        """The oracle's rows, then one row per backend converting from this format."""
+        """Rows for weights of this format built from the run's random float32 layer (see :meth:`rows_for`)."""
+        weights = self.build(run.config, run.source, run.dispatch)
+        unquantized = None if run.source is weights else run.source
+        return self.rows_for(run, weights, unquantized, "float64 MoE, unquantized weights")
+
+    def rows_for(
+        self, run: CheckRun, weights: object, unquantized: DenseMoeWeights | None = None, unquantized_name: str = ""
+    ) -> list[CheckRow]:
+        """The oracle's rows on ``weights``, then one row per backend converting from this format.
+
+        With ``unquantized``, an ``info`` row gives the oracle's error against
+        the float64 MoE of those dense weights (named ``unquantized_name``).
+        """
         name, config, dispatch = self.format.name, run.config, run.dispatch
-        weights = self.build(config, run.source, dispatch)
+        typed = self.format.narrow(weights)
         run.progress(f"{name}: running the reference {self.oracle.name}")
-        expected, timing = time_forward(self.oracle.bind(config, weights), dispatch, run.min_calls)
-        rel, worst = errors(expected, self.independent(config, dispatch, weights))
+        expected, timing = time_forward(self.oracle.bind(config, typed), dispatch, run.min_calls)
+        rel, worst = errors(expected, self.independent(config, dispatch, typed))
         limit = oracle_tolerance(dispatch.hidden_states.dtype)
         verdict = "ok" if rel <= limit else f"FAILED: error above {limit:g}"
         rows = [CheckRow(name, self.oracle.name, self.independent_name, rel, worst, limit, timing, verdict)]
-        if run.source is not weights:
-            rel, worst = errors(expected, float64_moe(config, dispatch, run.source.w13, run.source.w2))
-            rows.append(
-                CheckRow(name, self.oracle.name, "float64 MoE, unquantized weights", rel, worst, None, None, "info")
-            )
+        if unquantized is not None:
+            rel, worst = errors(expected, float64_moe(config, dispatch, unquantized.w13, unquantized.w2))
+            rows.append(CheckRow(name, self.oracle.name, unquantized_name, rel, worst, None, None, "info"))
         for backend in run.backends:
             if backend.name == self.oracle.name or not backend.converts_from(self.format):
                 continue
-            rows.append(self._backend_row(backend, run, weights, expected))
+            rows.append(self._backend_row(backend, run, typed, expected))
         return rows
 
     def _backend_row(self, backend: BackendEntry, run: CheckRun, weights: W, expected: torch.Tensor) -> CheckRow:
@@ -200,6 +215,10 @@ class _Check(Protocol):
     def format(self) -> FormatInfo: ...
 
     def rows(self, run: CheckRun) -> list[CheckRow]: ...
+
+    def rows_for(
+        self, run: CheckRun, weights: object, unquantized: DenseMoeWeights | None = ..., unquantized_name: str = ...
+    ) -> list[CheckRow]: ...
 
 
 def _dense_weights(config: MoeRunnerConfig, source: DenseMoeWeights, dispatch: StandardDispatchOutput) -> DenseMoeWeights:

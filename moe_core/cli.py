@@ -14,13 +14,20 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from moe_core.backends.reference import reference_availability
 from moe_core.check import FORMAT_CHECKS, CheckRow, CheckRun, unchecked_formats
 from moe_core.check import __doc__ as CHECK_DOC
+from moe_core.checkpoint import MoeCheckpoint
 from moe_core.config import MoeRunnerConfig
+from moe_core.dispatch import StandardDispatchOutput
+from moe_core.moe_weights import DenseMoeWeights, Nvfp4MoeWeights
+from moe_core.registry import BackendSelectionError, select_backend
+from moe_core.routing import select_experts
+from moe_core.schemes import SCHEMES
 from moe_core.registry import ENTRY_POINT_GROUP, load_entry_point_backends, registered_backends
 from moe_core.synthetic import random_dense_layer
 
@@ -52,6 +59,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
 
 
@@ -89,39 +106,29 @@ def _info(device: torch.device, plugin_errors: dict[str, str]) -> int:
     print(format_table(["backend", "available", "formats", "reasons", "description"], rows))
     for name, error in plugin_errors.items():
         print(f"entry point {name!r} ({ENTRY_POINT_GROUP}) failed to load: {error}")
+    print(f"\nmoe-core schemes on {device}: the backend each would choose here, in its preference order")
+    print(format_table(["scheme", "format", "would run on", "choices (preference order)"], _scheme_rows(device)))
     return 1 if plugin_errors or broken else 0
+
+
+def _scheme_rows(device: torch.device) -> list[list[str]]:
+    rows = []
+    for spec in SCHEMES:
+        choices = spec.preference()
+        names = ", ".join(choice.name for choice in choices) or "-"
+        try:
+            chosen = select_backend(choices, device).chosen.name
+        except BackendSelectionError as error:
+            chosen = f"none: {error}"
+        rows.append([spec.name, spec.format.name, chosen, names])
+    return rows
 
 
 def _number(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _check(args: argparse.Namespace, plugin_errors: dict[str, str]) -> int:
-    config = MoeRunnerConfig(
-        num_experts=args.experts,
-        hidden_size=args.hidden,
-        intermediate_size_per_partition=args.intermediate,
-        top_k=args.top_k,
-    )
-    _progress(
-        f"moe-core check on {args.device}: random layer of {args.experts} experts (top {args.top_k}), "
-        f"hidden {args.hidden}, intermediate {args.intermediate}; {args.tokens} tokens of {args.dtype}; seed {args.seed}"
-    )
-    source, dispatch = random_dense_layer(config, args.tokens, DTYPES[args.dtype], args.device, args.seed)
-    backends = registered_backends()
-    rows: list[CheckRow] = []
-    run = CheckRun(config, source, dispatch, backends, args.tolerance, args.iters, _progress)
-    for check in FORMAT_CHECKS:
-        rows += check.rows(run)
-    rows += unchecked_formats(backends)
-    rows += [
-        CheckRow("-", f"entry point {name}", "-", None, None, None, None, f"FAILED: did not load: {error}")
-        for name, error in plugin_errors.items()
-    ]
-    print(
-        f"moe-core check on {args.device} (torch {torch.__version__}): {args.experts} experts, top {args.top_k}, "
-        f"hidden {args.hidden}, intermediate {args.intermediate}, {args.tokens} tokens of {args.dtype}, seed {args.seed}"
-    )
+def _print_rows(rows: Sequence[CheckRow]) -> int:
     print("rel err: ||out - expected|| / ||expected||; ms/call: median wall time after two warm-up calls, and its range")
     table = [
         [
@@ -142,6 +149,74 @@ def _check(args: argparse.Namespace, plugin_errors: dict[str, str]) -> int:
     return 1 if any(row.failed for row in rows) else 0
 
 
+def _plugin_rows(plugin_errors: dict[str, str]) -> list[CheckRow]:
+    return [
+        CheckRow("-", f"entry point {name}", "-", None, None, None, None, f"FAILED: did not load: {error}")
+        for name, error in plugin_errors.items()
+    ]
+
+
+def _check(args: argparse.Namespace, plugin_errors: dict[str, str]) -> int:
+    config = MoeRunnerConfig(
+        num_experts=args.experts,
+        hidden_size=args.hidden,
+        intermediate_size_per_partition=args.intermediate,
+        top_k=args.top_k,
+    )
+    _progress(
+        f"moe-core check on {args.device}: random layer of {args.experts} experts (top {args.top_k}), "
+        f"hidden {args.hidden}, intermediate {args.intermediate}; {args.tokens} tokens of {args.dtype}; seed {args.seed}"
+    )
+    source, dispatch = random_dense_layer(config, args.tokens, DTYPES[args.dtype], args.device, args.seed)
+    backends = registered_backends()
+    rows: list[CheckRow] = []
+    run = CheckRun(config, source, dispatch, backends, args.tolerance, args.iters, _progress)
+    for check in FORMAT_CHECKS:
+        rows += check.rows(run)
+    rows += unchecked_formats(backends)
+    rows += _plugin_rows(plugin_errors)
+    print(
+        f"moe-core check on {args.device} (torch {torch.__version__}): {args.experts} experts, top {args.top_k}, "
+        f"hidden {args.hidden}, intermediate {args.intermediate}, {args.tokens} tokens of {args.dtype}, seed {args.seed}"
+    )
+    return _print_rows(rows)
+
+
+def _check_checkpoint(args: argparse.Namespace, plugin_errors: dict[str, str]) -> int:
+    checkpoint = MoeCheckpoint(args.checkpoint)
+    layers = checkpoint.moe_layers()
+    layer = layers[0] if args.layer is None and layers else args.layer
+    spec = checkpoint.scheme()
+    _progress(f"moe-core check: loading layer {layer} of {checkpoint.directory} through the {spec.name} scheme")
+    scheme = checkpoint.load_layer(layer, device=args.device)
+    weights = scheme.weights
+    checks = [check for check in FORMAT_CHECKS if check.format is spec.format]
+    if weights is None or not checks:
+        print(f"moe-core check: no check covers the {spec.format.name} format of {spec.name}", file=sys.stderr)
+        return 2
+    config = scheme.config
+    gen = torch.Generator().manual_seed(args.seed)
+    x = torch.randn(args.tokens, config.hidden_size, generator=gen).to(DTYPES[args.dtype]).to(args.device)
+    logits = x.float() @ checkpoint.router_weight(layer).to(args.device).float().T
+    dispatch = StandardDispatchOutput(x, select_experts(logits, config))
+    dense = weights if isinstance(weights, DenseMoeWeights) else None
+    dequantized = weights.dequantize() if isinstance(weights, Nvfp4MoeWeights) else None
+    source = dense or dequantized
+    if source is None:
+        print(f"moe-core check: cannot dequantize {type(weights).__name__}", file=sys.stderr)
+        return 2
+    run = CheckRun(config, source, dispatch, registered_backends(), args.tolerance, args.iters, _progress)
+    rows = checks[0].rows_for(run, weights, dequantized, "float64 MoE, dequantized weights, no activation quantization")
+    rows += _plugin_rows(plugin_errors)
+    print(
+        f"moe-core check on {args.device} (torch {torch.__version__}): {checkpoint.directory}, layer {layer} "
+        f"({checkpoint.model_type}: {config.num_experts} experts, top {config.top_k}, hidden {config.hidden_size}, "
+        f"intermediate {config.intermediate_size_per_partition}); {scheme.backend_summary()}; "
+        f"{args.tokens} tokens of {args.dtype} routed by the checkpoint's router, seed {args.seed}"
+    )
+    return _print_rows(rows)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="moe-core", description=(__doc__ or "").splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -154,13 +229,18 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     check.add_argument("--device", type=_device, default=torch.device("cpu"), help="device to run on (cpu)")
-    check.add_argument("--tokens", type=_positive_int, default=64, help="tokens in the batch (64)")
-    check.add_argument("--experts", type=_positive_int, default=8, help="number of experts (8)")
-    check.add_argument("--top-k", type=_positive_int, default=2, help="experts per token, at most --experts (2)")
-    check.add_argument("--hidden", type=_multiple_of_16, default=256, help="hidden size, a multiple of 16 (256)")
     check.add_argument(
-        "--intermediate", type=_multiple_of_16, default=512, help="intermediate size, a multiple of 16 (512)"
+        "--checkpoint",
+        type=Path,
+        help="a Hugging Face checkpoint directory: check one of its MoE layers instead of a random one "
+        "(sizes come from its config.json)",
     )
+    check.add_argument("--layer", type=_non_negative_int, help="the checkpoint's decoder layer (its first MoE layer)")
+    check.add_argument("--tokens", type=_positive_int, default=64, help="tokens in the batch (64)")
+    check.add_argument("--experts", type=_positive_int, help="number of experts (8)")
+    check.add_argument("--top-k", type=_positive_int, help="experts per token, at most --experts (2)")
+    check.add_argument("--hidden", type=_multiple_of_16, help="hidden size, a multiple of 16 (256)")
+    check.add_argument("--intermediate", type=_multiple_of_16, help="intermediate size, a multiple of 16 (512)")
     check.add_argument("--dtype", choices=tuple(DTYPES), default="bf16", help="activation dtype (bf16)")
     check.add_argument("--seed", type=int, default=0, help="random seed (0)")
     check.add_argument("--iters", type=_positive_int, default=5, help="fewest timed calls per backend (5)")
@@ -173,12 +253,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+SIZE_DEFAULTS = {"experts": 8, "top_k": 2, "hidden": 256, "intermediate": 512}
+"""The random layer's sizes where no flag gives them."""
+
+
+def _resolve_sizes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    given = [name for name in SIZE_DEFAULTS if getattr(args, name) is not None]
+    if args.checkpoint is not None:
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            parser.error(f"argument {flag}: not allowed with --checkpoint (the sizes come from its config.json)")
+        return
+    if args.layer is not None:
+        parser.error("argument --layer: only with --checkpoint")
+    for name, default in SIZE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if args.top_k > args.experts:
+        parser.error(f"argument --top-k: expected at most --experts={args.experts}, got {args.top_k}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``moe-core`` and ``python -m moe_core``."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.command == "check" and args.top_k > args.experts:
-        parser.error(f"argument --top-k: expected at most --experts={args.experts}, got {args.top_k}")
+    if args.command == "check":
+        _resolve_sizes(parser, args)
     plugin_errors = {name: error for name, error in load_entry_point_backends().items() if error is not None}
     for name, error in plugin_errors.items():
         _progress(f"warning: backend entry point {name!r} failed to load: {error}")
@@ -189,4 +289,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"moe-core check: the reference backends cannot run on {args.device}: {'; '.join(reference.reasons)}",
               file=sys.stderr)
         return 2
+    if args.checkpoint is not None:
+        try:
+            return _check_checkpoint(args, plugin_errors)
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            print(f"moe-core check: {type(error).__name__}: {error}", file=sys.stderr)
+            return 2
     return _check(args, plugin_errors)

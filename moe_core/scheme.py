@@ -155,6 +155,11 @@ class MoeScheme(Protocol):
         """The checkpoint parameters of this rank's experts."""
         ...
 
+    @property
+    def weights(self) -> QuantInfo | None:
+        """The canonical weights once processed (None before)."""
+        ...
+
     def load_expert_weight(self, name: str, tensor: torch.Tensor, *, expert_id: int, shard: ExpertShard) -> bool:
         """Take one checkpoint tensor (``experts.{expert_id}.{shard}.{name}``); False if the expert is not local."""
         ...

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 
 import pytest
 
@@ -13,20 +14,26 @@ from moe_core import registry
 from moe_core.cli import format_table, main
 from moe_core.registry import ENTRY_POINT_GROUP
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SMALL = ["--tokens", "6", "--experts", "4", "--hidden", "32", "--intermediate", "32", "--iters", "1"]
 
 
-def table_lines(out: str) -> list[list[str]]:
-    """Rows of the last table in ``out``, each split into cells on runs of 2+ spaces."""
+def table_lines(out: str, which: int = -1) -> list[list[str]]:
+    """Rows of table ``which`` (default: the last) in ``out``, each split into cells on runs of 2+ spaces."""
     lines = out.splitlines()
-    rule = max(index for index, line in enumerate(lines) if line.startswith("---"))
-    return [[cell.strip() for cell in line.split("  ") if cell.strip()] for line in lines[rule + 1 :]]
+    rule = [index for index, line in enumerate(lines) if line.startswith("---")][which]
+    body = []
+    for line in lines[rule + 1 :]:
+        if not line.strip():
+            break
+        body.append([cell.strip() for cell in line.split("  ") if cell.strip()])
+    return body
 
 
-def table_rows(out: str) -> dict[str, list[str]]:
-    """The first row of each '<first cell> <second cell>' key in the last table of ``out``."""
+def table_rows(out: str, which: int = -1) -> dict[str, list[str]]:
+    """The first row of each '<first cell> <second cell>' key in table ``which`` (default: the last) of ``out``."""
     rows: dict[str, list[str]] = {}
-    for cells in table_lines(out):
+    for cells in table_lines(out, which):
         rows.setdefault(" ".join(cells[:2]), cells)
     return rows
 
@@ -51,7 +58,7 @@ def test_info_lists_reference_backends(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("moe-core backends on cpu")
-    rows = table_rows(out)
+    rows = table_rows(out, 0)
     assert rows["reference-dense yes"][2] == "dense" and rows["reference-nvfp4 yes"][2] == "nvfp4"
 
 
@@ -99,7 +106,7 @@ def test_bad_flags_are_named_as_the_user_typed_them(
 def test_info_reports_faulty_plugins_as_rows_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info"]) == 1
     captured = capsys.readouterr()
-    rows = table_rows(captured.out)
+    rows = table_rows(captured.out, 0)
     assert rows["faulty-availability broken"][3] == "availability check raised RuntimeError: driver probe crashed"
     assert rows["reference-nvfp4 yes"][-1] == "PyTorch, NVFP4 W4A4 (FP4 activations), float32 math"
     assert "half-made" not in captured.out
@@ -132,3 +139,49 @@ def test_module_entry_point_runs() -> None:
 
 def test_format_table_aligns_columns() -> None:
     assert format_table(["a", "bb"], [["xyz", "1"]]).splitlines() == ["a    bb", "---  --", "xyz  1"]
+
+
+def test_info_lists_schemes_and_the_backend_each_would_choose(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info"]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert rows["compressed-tensors-w4a4-nvfp4 nvfp4"][2:] == ["reference-nvfp4", "reference-nvfp4"]
+    assert rows["modelopt-nvfp4 nvfp4"][2] == "reference-nvfp4"
+    assert rows["unquantized dense"][2] == "reference-dense"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "layer", "scheme"),
+    [
+        ("qwen3_moe_nvfp4", "0", "compressed-tensors-w4a4-nvfp4"),
+        ("mixtral_nvfp4_split", "1", "compressed-tensors-w4a4-nvfp4"),
+        ("qwen3_moe_nvfp4_modelopt", "1", "modelopt-nvfp4"),
+        ("qwen3_moe_bf16", "0", "unquantized"),
+    ],
+)
+def test_check_runs_a_checkpoint_layer(
+    capsys: pytest.CaptureFixture[str], fixture: str, layer: str, scheme: str
+) -> None:
+    directory = FIXTURES / fixture
+    assert main(["check", "--checkpoint", str(directory), "--layer", layer, "--tokens", "8", "--iters", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"{directory}, layer {layer}" in out and f"{scheme}: backend reference-" in out
+    rows = table_lines(out)
+    assert rows[0][2] in ("float64 MoE", "float64 W4A4 MoE") and rows[0][-1] == "ok"
+    if scheme != "unquantized":
+        assert rows[1][2] == "float64 MoE, dequantized weights, no activation quantization" and rows[1][-1] == "info"
+        assert 0.05 < float(rows[1][3]) < 0.3
+
+
+def test_check_checkpoint_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["check", "--checkpoint", str(tmp_path)]) == 2
+    assert "config.json: not found" in capsys.readouterr().err
+    assert main(["check", "--checkpoint", str(FIXTURES / "qwen3_moe_bf16"), "--layer", "7"]) == 2
+    assert "has MoE experts in layers [0, 1], not in layer 7" in capsys.readouterr().err
+    for argv, message in (
+        (["--checkpoint", "x", "--experts", "4"], "argument --experts: not allowed with --checkpoint"),
+        (["--layer", "1"], "argument --layer: only with --checkpoint"),
+        (["--checkpoint", "x", "--layer", "-1"], "argument --layer: expected an integer >= 0, got -1"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["check", *argv])
+        assert message in capsys.readouterr().err

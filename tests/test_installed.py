@@ -156,7 +156,7 @@ def test_an_application_backends_package_neither_hides_nor_is_hidden(installed: 
     commands: list[list[str | Path]] = [[installed.moe_core_script, "info"], [installed.python, "-m", "moe_core", "info"]]
     for command in commands:
         result = _run(command, cwd=app, env=env)
-        rows = table_rows(result.stdout)
+        rows = table_rows(result.stdout, 0)
         assert rows["reference-dense yes"][2] == "dense" and rows["reference-nvfp4 yes"][2] == "nvfp4", result.stdout
         assert "failed to load" not in result.stdout
     check = _run([installed.moe_core_script, "check", "--tokens", "4", "--hidden", "32", "--intermediate", "16", "--experts", "4"], cwd=app, env=env)
