@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from moe_core import (
     NVFP4,
@@ -196,3 +197,28 @@ def test_forced_backend_and_the_reasons_when_it_cannot_run() -> None:
         "compressed-tensors-w4a4-nvfp4: backend reference-nvfp4; "
         "unavailable: test-never-nvfp4 (needs a device this machine lacks)"
     )
+
+
+def test_mixtral_w1_w3_w2_naming_in_one_file_loads_the_same_layer(tmp_path: Path, gen: torch.Generator) -> None:
+    """transformers 5 saves Mixtral experts as gate_proj/up_proj/down_proj; Hub Mixtral checkpoints say w1/w3/w2."""
+    renames = {".gate_proj.": ".w1.", ".up_proj.": ".w3.", ".down_proj.": ".w2."}
+    renamed = {}
+    for key, tensor in read_tensors(CT_SPLIT).items():
+        for old, new in renames.items():
+            key = key.replace(old, new) if ".experts." in key else key
+        renamed[key] = tensor
+    target = tmp_path / "mixtral_w1w3w2"
+    target.mkdir()
+    (target / "config.json").write_text((CT_SPLIT / "config.json").read_text())
+    save_file(renamed, str(target / "model.safetensors"), metadata={"format": "pt"})
+    assert any(".experts.0.w3.weight_global_scale" in key for key in MoeCheckpoint(target).weight_map)
+
+    original, mixtral_named = MoeCheckpoint(CT_SPLIT), MoeCheckpoint(target)
+    first = original.load_into(1, CompressedTensorsW4A4Nvfp4MoE(original.runner_config()))
+    second = mixtral_named.load_into(1, CompressedTensorsW4A4Nvfp4MoE(mixtral_named.runner_config()))
+    assert first.weights is not None and second.weights is not None
+    assert torch.equal(first.weights.w13.up.packed, second.weights.w13.up.packed)
+    assert torch.equal(first.weights.w13.up.global_scales.value, second.weights.w13.up.global_scales.value)
+    x = torch.randn(9, original.hidden_size, generator=gen).to(torch.bfloat16)
+    dispatch = StandardDispatchOutput(x, select_experts(x.float() @ original.router_weight(1).float().T, first.config))
+    assert torch.equal(first.apply(dispatch), second.apply(dispatch))

@@ -6,12 +6,25 @@ import enum
 import inspect
 
 import moe_core
+from moe_core import checkpoint, expert_params, scheme
+from moe_core.schemes import compressed_tensors_w4a4_nvfp4, modelopt_nvfp4, unquantized
+
+MODULES = (checkpoint, expert_params, scheme, compressed_tensors_w4a4_nvfp4, modelopt_nvfp4, unquantized)
+"""Public modules outside ``moe_core.__all__``: their own public classes and functions."""
+
+
+def public_names() -> list[tuple[str, object]]:
+    names: list[tuple[str, object]] = [(name, getattr(moe_core, name)) for name in moe_core.__all__]
+    for module in MODULES:
+        for name, obj in vars(module).items():
+            if not name.startswith("_") and getattr(obj, "__module__", None) == module.__name__:
+                names.append((f"{module.__name__}.{name}", obj))
+    return names
 
 
 def undocumented() -> list[str]:
     missing = []
-    for name in moe_core.__all__:
-        obj = getattr(moe_core, name)
+    for name, obj in public_names():
         if not inspect.getdoc(obj):
             missing.append(name)
         if not inspect.isclass(obj) or issubclass(obj, enum.Enum):
