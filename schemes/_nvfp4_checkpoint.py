@@ -3,31 +3,35 @@
 compressed-tensors and ModelOpt store the same numbers (packed E2M1 codes, one
 E4M3 scale per 16 elements, one FP32 global scale per projection, one static
 FP32 input scale per projection) under other names and with the global
-scales in opposite conventions; each scheme turns its names and convention
-into these arguments.
+scales in opposite conventions; each scheme is a :class:`Nvfp4CheckpointScheme`
+with its names and its convention.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import abc
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import torch
 
 from moe_core import (
+    NVFP4,
     ExpertQuantizeGlobalScales,
     ExpertScalePolicy,
+    FormatRoute,
     LinearBlockScales,
+    MoeRunnerConfig,
     Nvfp4ExpertWeights,
     Nvfp4GateUpWeights,
     Nvfp4MoeWeights,
     QuantizeGlobalScale,
 )
-from moe_core.expert_params import ExpertParams
+from moe_core.expert_params import ParamLayout, ParamSpec
+from moe_core.scheme import ExpertScheme, backends_for
 
-WeightScales = Callable[[torch.Tensor], ExpertQuantizeGlobalScales]
-"""Per-expert weight global scales ``[E]`` from a checkpoint tensor of the scheme's convention."""
-InputScale = Callable[[torch.Tensor, ExpertScalePolicy], QuantizeGlobalScale]
-"""The scalar input scale from the checkpoint's per-expert (per-shard) values, under a policy."""
+PREFERENCE = ("flashinfer-trtllm-fp4", "flashinfer-cutlass-nvfp4", "reference-nvfp4")
+"""Backend names in preference order; registered backends not named here follow."""
 
 
 def _experts(packed: torch.Tensor, scales: torch.Tensor, global_scales: ExpertQuantizeGlobalScales) -> Nvfp4ExpertWeights:
@@ -36,36 +40,82 @@ def _experts(packed: torch.Tensor, scales: torch.Tensor, global_scales: ExpertQu
     )
 
 
-def nvfp4_moe_weights(
-    params: ExpertParams,
-    *,
-    packed: str,
-    block_scales: str,
-    weight_scale: str,
-    input_scale: str,
-    weight_scales: WeightScales,
-    input_scales: InputScale,
-    policy: ExpertScalePolicy,
-) -> Nvfp4MoeWeights:
-    """The canonical weights from loaded NVFP4 parameters named ``packed``, ``block_scales``, ...
+class Nvfp4CheckpointScheme(ExpertScheme[Nvfp4MoeWeights]):
+    """An NVFP4 W4A4 checkpoint scheme: its tensor names and scale convention are the subclass's.
 
     Gate and up keep their own weight global scales (never ``[:, 0]`` of the
     pair); the input scales of w1/w3 (one GEMM input) and of w2, per expert
-    in the checkpoint, become the one scalar each GEMM takes under ``policy``.
+    in the checkpoint, become the one scalar each GEMM takes under
+    ``input_scale_policy``.
     """
-    gate_up_packed, gate_up_scales = params.gate_up(packed), params.gate_up(block_scales)
-    gate_up_global = params.gate_up(weight_scale)
-    w13 = Nvfp4GateUpWeights(
-        gate=_experts(gate_up_packed[:, 0], gate_up_scales[:, 0], weight_scales(gate_up_global[:, 0].contiguous())),
-        up=_experts(gate_up_packed[:, 1], gate_up_scales[:, 1], weight_scales(gate_up_global[:, 1].contiguous())),
-    )
-    w2 = _experts(params.down(packed), params.down(block_scales), weight_scales(params.down(weight_scale)))
-    return Nvfp4MoeWeights(
-        w13=w13,
-        w2=w2,
-        w13_input_scale=input_scales(params.gate_up(input_scale), policy),
-        w2_input_scale=input_scales(params.down(input_scale), policy),
-    )
+
+    NAME: ClassVar[str]
+    """The scheme's short name."""
+    PACKED: ClassVar[str]
+    """The packed E2M1 weight's name."""
+    BLOCK_SCALES: ClassVar[str]
+    """The E4M3 block scales' name."""
+    WEIGHT_SCALE: ClassVar[str]
+    """The per-projection weight global scale's name."""
+    INPUT_SCALE: ClassVar[str]
+    """The per-projection static input scale's name."""
+
+    def __init__(
+        self,
+        config: MoeRunnerConfig,
+        device: torch.device = torch.device("cpu"),
+        *,
+        input_scale_policy: ExpertScalePolicy = ExpertScalePolicy.CONSERVATIVE,
+        backends: Sequence[FormatRoute[Nvfp4MoeWeights]] | None = None,
+        backend: FormatRoute[Nvfp4MoeWeights] | None = None,
+    ) -> None:
+        """Create the layer's parameters on ``device``; ``backend`` forces a backend fed from NVFP4 weights."""
+        if not isinstance(input_scale_policy, ExpertScalePolicy):
+            raise TypeError(f"input_scale_policy: expected an ExpertScalePolicy, got {input_scale_policy!r}")
+        specs = (
+            ParamSpec(self.PACKED, torch.uint8, ParamLayout.PACKED_FP4),
+            ParamSpec(self.BLOCK_SCALES, torch.float8_e4m3fn, ParamLayout.BLOCK_SCALES),
+            ParamSpec(self.WEIGHT_SCALE, torch.float32, ParamLayout.SCALAR),
+            ParamSpec(self.INPUT_SCALE, torch.float32, ParamLayout.SCALAR),
+        )
+        super().__init__(self.NAME, NVFP4, specs, config, device, preference=PREFERENCE, backends=backends, backend=backend)
+        self.input_scale_policy = input_scale_policy
+        """How the per-expert input scales become one scalar per GEMM."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def weight_scales(values: torch.Tensor) -> ExpertQuantizeGlobalScales:
+        """Per-expert weight global scales ``[E]`` from checkpoint values in the scheme's convention."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def input_scale(values: torch.Tensor, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
+        """The scalar input scale from the checkpoint's per-expert (per-shard) values, under ``policy``."""
+
+    def canonical_weights(self) -> Nvfp4MoeWeights:
+        """Canonical NVFP4 weights from the loaded parameters."""
+        params = self.params
+        packed, scales = params.gate_up(self.PACKED), params.gate_up(self.BLOCK_SCALES)
+        weight_scale = params.gate_up(self.WEIGHT_SCALE)
+        w13 = Nvfp4GateUpWeights(
+            gate=_experts(packed[:, 0], scales[:, 0], self.weight_scales(weight_scale[:, 0].contiguous())),
+            up=_experts(packed[:, 1], scales[:, 1], self.weight_scales(weight_scale[:, 1].contiguous())),
+        )
+        w2 = _experts(
+            params.down(self.PACKED), params.down(self.BLOCK_SCALES), self.weight_scales(params.down(self.WEIGHT_SCALE))
+        )
+        policy = self.input_scale_policy
+        return Nvfp4MoeWeights(
+            w13=w13,
+            w2=w2,
+            w13_input_scale=self.input_scale(params.gate_up(self.INPUT_SCALE), policy),
+            w2_input_scale=self.input_scale(params.down(self.INPUT_SCALE), policy),
+        )
+
+
+def nvfp4_choices() -> Sequence[FormatRoute[Nvfp4MoeWeights]]:
+    """The backends an NVFP4 scheme would choose from, in preference order."""
+    return backends_for(NVFP4, PREFERENCE)
 
 
 def nvfp4_group_problem(group: Mapping[str, object]) -> str | None:

@@ -12,81 +12,45 @@ become the one scalar each GEMM takes under ``input_scale_policy``.
 
 The default is :attr:`ExpertScalePolicy.CONSERVATIVE` (the smallest
 quantize-side scale, i.e. the largest calibrated amax), because each value
-is an amax calibrated on the tokens that expert saw, so they differ per
-expert in every real checkpoint (``REQUIRE_EQUAL`` would refuse them), and
-a kernel quantizes the hidden states once for all experts, so any other
-choice clips some expert's inputs. vLLM does the same for FlashInfer's
-TRT-LLM path (``w13_input_global_scale.min()`` in ``compressed_tensors_moe.py``).
+is an amax calibrated on the tokens that expert saw, so they may differ per
+expert (``REQUIRE_EQUAL`` refuses such checkpoints), and a kernel with one
+scalar quantizes the hidden states once for all experts, so any other choice
+clips some expert's inputs. vLLM does the same for FlashInfer's TRT-LLM path
+(``w13_input_global_scale.min()`` in ``compressed_tensors_moe.py``). The
+cost: an expert whose inputs are far smaller than the others' (the split
+fixture's tiny expert) quantizes to zero there. Under expert parallelism the
+policy applies to this rank's experts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import torch
 
-from moe_core import (
-    NVFP4,
-    ExpertQuantizeGlobalScales,
-    ExpertScalePolicy,
-    FormatRoute,
-    MoeRunnerConfig,
-    Nvfp4MoeWeights,
-    QuantizeGlobalScale,
-)
-from moe_core.expert_params import ParamLayout, ParamSpec
-from moe_core.scheme import ExpertScheme, SchemeSpec, backends_for
-from moe_core.schemes._nvfp4_checkpoint import nvfp4_group_problem, nvfp4_moe_weights
-
-NAME = "compressed-tensors-w4a4-nvfp4"
-PREFERENCE = ("flashinfer-trtllm-fp4", "flashinfer-cutlass-nvfp4", "reference-nvfp4")
-"""Backend names in preference order; registered backends not named here follow, before none."""
-PARAMS = (
-    ParamSpec("weight_packed", torch.uint8, ParamLayout.PACKED_FP4),
-    ParamSpec("weight_scale", torch.float8_e4m3fn, ParamLayout.BLOCK_SCALES),
-    ParamSpec("weight_global_scale", torch.float32, ParamLayout.SCALAR),
-    ParamSpec("input_global_scale", torch.float32, ParamLayout.SCALAR),
-)
-"""The checkpoint tensors of each expert projection."""
+from moe_core import NVFP4, ExpertQuantizeGlobalScales, ExpertScalePolicy, MoeRunnerConfig, QuantizeGlobalScale
+from moe_core.scheme import SchemeSpec
+from moe_core.schemes._nvfp4_checkpoint import Nvfp4CheckpointScheme, nvfp4_choices, nvfp4_group_problem
 
 
-def _input_scale(values: torch.Tensor, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
-    return QuantizeGlobalScale.from_checkpoint(values, policy=policy)
-
-
-class CompressedTensorsW4A4Nvfp4MoE(ExpertScheme[Nvfp4MoeWeights]):
+class CompressedTensorsW4A4Nvfp4MoE(Nvfp4CheckpointScheme):
     """One MoE layer of a compressed-tensors NVFP4 W4A4 checkpoint."""
 
-    def __init__(
-        self,
-        config: MoeRunnerConfig,
-        device: torch.device = torch.device("cpu"),
-        *,
-        input_scale_policy: ExpertScalePolicy = ExpertScalePolicy.CONSERVATIVE,
-        backends: Sequence[FormatRoute[Nvfp4MoeWeights]] | None = None,
-        backend: FormatRoute[Nvfp4MoeWeights] | None = None,
-    ) -> None:
-        """Create the layer's parameters on ``device``; ``backend`` forces a backend fed from NVFP4 weights."""
-        if not isinstance(input_scale_policy, ExpertScalePolicy):
-            raise TypeError(f"input_scale_policy: expected an ExpertScalePolicy, got {input_scale_policy!r}")
-        super().__init__(
-            NAME, NVFP4, PARAMS, config, device, preference=PREFERENCE, backends=backends, backend=backend
-        )
-        self.input_scale_policy = input_scale_policy
-        """How the per-expert input global scales become one scalar per GEMM."""
+    NAME = "compressed-tensors-w4a4-nvfp4"
+    PACKED = "weight_packed"
+    BLOCK_SCALES = "weight_scale"
+    WEIGHT_SCALE = "weight_global_scale"
+    INPUT_SCALE = "input_global_scale"
 
-    def canonical_weights(self) -> Nvfp4MoeWeights:
-        """Canonical NVFP4 weights; the checkpoint's convention is already quantize-side."""
-        return nvfp4_moe_weights(
-            self.params,
-            packed="weight_packed",
-            block_scales="weight_scale",
-            weight_scale="weight_global_scale",
-            input_scale="input_global_scale",
-            weight_scales=ExpertQuantizeGlobalScales.from_checkpoint,
-            input_scales=_input_scale,
-            policy=self.input_scale_policy,
-        )
+    @staticmethod
+    def weight_scales(values: torch.Tensor) -> ExpertQuantizeGlobalScales:
+        """The checkpoint's convention is already quantize-side."""
+        return ExpertQuantizeGlobalScales.from_checkpoint(values)
+
+    @staticmethod
+    def input_scale(values: torch.Tensor, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
+        """Quantize-side values, collapsed under ``policy``."""
+        return QuantizeGlobalScale.from_checkpoint(values, policy=policy)
 
 
 def unsupported_reason(quantization_config: Mapping[str, object] | None) -> str | None:
@@ -118,9 +82,5 @@ def _for_layer(config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype
     return CompressedTensorsW4A4Nvfp4MoE(config, device)
 
 
-def _choices() -> Sequence[FormatRoute[Nvfp4MoeWeights]]:
-    return backends_for(NVFP4, PREFERENCE)
-
-
-SCHEME = SchemeSpec(NAME, NVFP4, unsupported_reason, _for_layer, _choices)
+SCHEME = SchemeSpec(CompressedTensorsW4A4Nvfp4MoE.NAME, NVFP4, unsupported_reason, _for_layer, nvfp4_choices)
 """The scheme as the checkpoint loader and ``moe-core`` see it."""
