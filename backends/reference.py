@@ -4,6 +4,8 @@ Written for clarity, not speed: one expert at a time, float32 arithmetic, on
 any device torch runs on. Two keys, one per quant info:
 
 - ``REFERENCE_DENSE`` runs unquantized (fp32/bf16/fp16) expert weights;
+- ``REFERENCE_NVFP4_W4A16`` runs NVFP4 weights with unquantized activations
+  (dequantized weights, each half with its own global scale, in float32);
 - ``REFERENCE_NVFP4`` runs NVFP4 W4A4 the way the FP4 kernels do: each
   GEMM's input is quantized to NVFP4 with its scalar global input scale
   (16-element E4M3 blocks) and multiplied with the dequantized FP4 weights,
@@ -26,6 +28,7 @@ import torch
 from moe_core import (
     DENSE,
     NVFP4,
+    NVFP4_W4A16,
     Availability,
     BackendKey,
     Conversion,
@@ -105,6 +108,23 @@ class ReferenceNvfp4Runner:
         return run_experts(self.config, dispatch, quant_info, mlp)
 
 
+@final
+@attrs.frozen
+class ReferenceNvfp4W4A16Runner:
+    """Runs NVFP4 weights with unquantized activations (W4A16): dequantized weights, float32 math."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: Nvfp4MoeWeights, /) -> torch.Tensor:
+        """The ``[T, H]`` MoE output."""
+
+        def mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
+            h = self.config.activation.apply(x @ quant_info.w13.dequantize_expert(expert).T)
+            return h @ quant_info.w2.dequantize_expert(expert).T
+
+        return run_experts(self.config, dispatch, quant_info, mlp)
+
+
 def reference_availability(device: torch.device) -> Availability:
     """Available wherever torch can allocate a tensor that holds data."""
     if device.type == "meta":
@@ -141,3 +161,12 @@ REFERENCE_NVFP4: BackendKey[Nvfp4MoeWeights] = register_backend(
     conversions=[Conversion(NVFP4, _nvfp4_as_is)],
 )
 """The oracle of the NVFP4 format."""
+
+REFERENCE_NVFP4_W4A16: BackendKey[Nvfp4MoeWeights] = register_backend(
+    "reference-nvfp4-w4a16",
+    description="PyTorch, NVFP4 weights with unquantized activations (W4A16), float32 math",
+    factory=ReferenceNvfp4W4A16Runner,
+    availability=reference_availability,
+    conversions=[Conversion(NVFP4_W4A16, _nvfp4_as_is)],
+)
+"""The oracle of the NVFP4 W4A16 format."""

@@ -11,7 +11,7 @@ from moe_core.block_scales import LinearBlockScales, SwizzledBlockScales
 from moe_core.config import Activation, MoeRunnerConfig, RoutingMethod
 from moe_core.conversion import AnyConversion, Conversion, FormatInfo, WeightFormat
 from moe_core.dispatch import DispatchFormat, DispatchOutput, StandardDispatchOutput, TopKOutput
-from moe_core.formats import DENSE, NVFP4
+from moe_core.formats import DENSE, NVFP4, NVFP4_W4A16
 from moe_core.global_scales import (
     DequantizeGlobalScale,
     ExpertDequantizeGlobalScales,
@@ -44,6 +44,7 @@ from moe_core.runner import QuantInfo, Runner, check_run_inputs, check_run_value
 __all__ = [
     "DENSE",
     "NVFP4",
+    "NVFP4_W4A16",
     "Activation",
     "AnyConversion",
     "Availability",

@@ -6,8 +6,8 @@ scales) and one routed batch, per canonical format:
 1. the format's reference backend (its oracle, found by key) against an
    independent float64 MoE written token by token (:mod:`moe_core.float64_moe`),
    with a tolerance: this checks the oracle;
-2. for NVFP4, the same reference against the float64 MoE of the
-   unquantized layer: the W4A4 quantization error, reported, not judged;
+2. for NVFP4 (W4A4 and W4A16), the same reference against the float64 MoE
+   of the unquantized layer: the quantization error, reported, not judged;
 3. every registered backend that converts from the format, through its own
    registered conversion, against the oracle, with the user's tolerance.
 
@@ -30,12 +30,12 @@ from typing import Generic, Protocol, TypeVar, final
 import attrs
 import torch
 
-from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4, REFERENCE_NVFP4_W4A16
 from moe_core.config import MoeRunnerConfig
 from moe_core.conversion import FormatInfo, WeightFormat
 from moe_core.dispatch import StandardDispatchOutput
 from moe_core.float64_moe import float64_moe
-from moe_core.formats import DENSE, NVFP4
+from moe_core.formats import DENSE, NVFP4, NVFP4_W4A16
 from moe_core.moe_weights import DenseMoeWeights, Nvfp4MoeWeights
 from moe_core.registry import BackendEntry, BackendKey, MoeForward
 from moe_core.runner import QuantInfo
@@ -234,9 +234,14 @@ def _nvfp4_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, we
     return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), scales)
 
 
+def _w4a16_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Nvfp4MoeWeights) -> torch.Tensor:
+    return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize())
+
+
 FORMAT_CHECKS: tuple[_Check, ...] = (
     FormatCheck(DENSE, REFERENCE_DENSE, _dense_weights, _dense_float64, "float64 MoE"),
     FormatCheck(NVFP4, REFERENCE_NVFP4, quantize_nvfp4_layer, _nvfp4_float64, "float64 W4A4 MoE"),
+    FormatCheck(NVFP4_W4A16, REFERENCE_NVFP4_W4A16, quantize_nvfp4_layer, _w4a16_float64, "float64 MoE, dequantized"),
 )
 """The formats ``moe-core check`` knows how to check; a new format adds one entry."""
 

@@ -1,4 +1,4 @@
-"""The canonical weight formats moe-core ships: dense and NVFP4."""
+"""The canonical weight formats moe-core ships: dense, NVFP4 (W4A4) and NVFP4 weights with 16-bit activations."""
 
 from __future__ import annotations
 
@@ -14,3 +14,14 @@ NVFP4: WeightFormat[Nvfp4MoeWeights] = WeightFormat(
     "nvfp4", Nvfp4MoeWeights, "NVFP4 W4A4 experts with static scalar input scales"
 )
 """NVFP4 W4A4 experts (:class:`Nvfp4MoeWeights`)."""
+
+NVFP4_W4A16: WeightFormat[Nvfp4MoeWeights] = WeightFormat(
+    "nvfp4-w4a16", Nvfp4MoeWeights, "NVFP4 weights with bf16/fp16 activations (the input scales unused)"
+)
+"""The same canonical NVFP4 weights run as W4A16: activations are not quantized.
+
+A different computation from :data:`NVFP4` (W4A4), so a different format:
+a backend that converts from it is checked against the dense layer of the
+dequantized weights, and a scheme lists it on purpose (for instance as the
+fallback where no FP4 kernel runs), never by accident.
+"""

@@ -1,0 +1,107 @@
+"""The Triton fused MoE backend: bf16/fp16 weights, and NVFP4 weights with bf16/fp16 activations (W4A16).
+
+Token sorting (:mod:`.sorting`), the grouped GEMMs with the gated activation
+and the top-k weights fused, and the combine (:mod:`.kernels`) are Triton,
+with block sizes from :mod:`.configs`; :mod:`.runner` runs them with no
+host synchronization (CUDA-graph capturable) and expert parallelism (local
+experts with an offset; pairs routed elsewhere contribute nothing).
+
+Importing this module registers the keys without importing Triton, so a
+machine without it lists the backends as unavailable with the reason.
+Available on CUDA devices of compute capability 8.0 or newer (NVFP4: 8.9,
+for the E4M3 scale conversion), and on the CPU under Triton's interpreter
+(``TRITON_INTERPRET=1``: slow, for tests).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from moe_core import (
+    DENSE,
+    NVFP4_W4A16,
+    Availability,
+    BackendKey,
+    Conversion,
+    DispatchOutput,
+    MoeRunnerConfig,
+    register_backend,
+)
+from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights
+
+
+def _availability(device: torch.device, capability: tuple[int, int]) -> Availability:
+    if importlib.util.find_spec("triton") is None:
+        return Availability.unavailable("triton is not installed (pip install 'moe-core[triton]')")
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return Availability.available()
+        return Availability.unavailable("needs a CUDA device (or TRITON_INTERPRET=1 for Triton's slow CPU interpreter)")
+    if device.type != "cuda":
+        return Availability.unavailable(f"needs a CUDA device, not {device.type}")
+    if not torch.cuda.is_available():
+        return Availability.unavailable("torch sees no CUDA device")
+    found = torch.cuda.get_device_capability(device)
+    if found < capability:
+        return Availability.unavailable(f"needs compute capability {capability[0]}.{capability[1]}+, found {found[0]}.{found[1]}")
+    return Availability.available()
+
+
+def dense_availability(device: torch.device) -> Availability:
+    """Triton present, and a CUDA device of compute capability 8.0+ (bf16 dot products), or the CPU interpreter."""
+    return _availability(device, (8, 0))
+
+
+def nvfp4_availability(device: torch.device) -> Availability:
+    """Triton present, and a CUDA device of compute capability 8.9+ (E4M3 scales), or the CPU interpreter."""
+    return _availability(device, (8, 9))
+
+
+class _DenseRunner:
+    """Builds the real runner on first use, so that importing this module needs no Triton."""
+
+    def __init__(self, config: MoeRunnerConfig) -> None:
+        from moe_core.backends.triton.runner import TritonDenseRunner
+
+        self._runner = TritonDenseRunner(config)
+        self.config = config
+
+    def run(self, dispatch: DispatchOutput, quant_info: TritonDenseWeights, /) -> torch.Tensor:
+        """See :class:`~moe_core.backends.triton.runner.TritonDenseRunner`."""
+        return self._runner.run(dispatch, quant_info)
+
+
+class _Nvfp4W4A16Runner:
+    """Builds the real runner on first use, so that importing this module needs no Triton."""
+
+    def __init__(self, config: MoeRunnerConfig) -> None:
+        from moe_core.backends.triton.runner import TritonNvfp4W4A16Runner
+
+        self._runner = TritonNvfp4W4A16Runner(config)
+        self.config = config
+
+    def run(self, dispatch: DispatchOutput, quant_info: TritonNvfp4W4A16Weights, /) -> torch.Tensor:
+        """See :class:`~moe_core.backends.triton.runner.TritonNvfp4W4A16Runner`."""
+        return self._runner.run(dispatch, quant_info)
+
+
+TRITON_DENSE: BackendKey[TritonDenseWeights] = register_backend(
+    "triton-dense",
+    description="Triton fused MoE, bf16/fp16 weights (float32 canonical weights rounded to bf16)",
+    factory=_DenseRunner,
+    availability=dense_availability,
+    conversions=[Conversion(DENSE, TritonDenseWeights.from_dense)],
+)
+"""bf16/fp16 experts."""
+
+TRITON_NVFP4_W4A16: BackendKey[TritonNvfp4W4A16Weights] = register_backend(
+    "triton-nvfp4-w4a16",
+    description="Triton fused MoE, NVFP4 weights dequantized in the kernel, bf16/fp16 activations",
+    factory=_Nvfp4W4A16Runner,
+    availability=nvfp4_availability,
+    conversions=[Conversion(NVFP4_W4A16, TritonNvfp4W4A16Weights.from_nvfp4)],
+)
+"""NVFP4 W4A16 experts (the Hopper fallback for NVFP4 checkpoints)."""

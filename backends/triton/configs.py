@@ -1,0 +1,99 @@
+"""Block sizes for the fused MoE kernels: tuned per shape and device, with a heuristic for the rest.
+
+Tuned tables live in ``configs/<device>.json`` (written by
+``benchmarks/tune_triton_moe.py``), keyed by the layer's ``E,H,I,top_k,format``
+(``format`` ``bf16``, ``fp16`` or ``nvfp4``), then by a token count, each entry
+holding both GEMMs' configs (``w13`` and ``w2``, one ``block_m``: the tokens
+are sorted once); a call takes the entry of the nearest tuned token count.
+Untuned shapes and devices use :func:`heuristic`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import final
+
+import attrs
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+@final
+@attrs.frozen
+class KernelConfig:
+    """One launch's tile sizes and schedule."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def as_dict(self) -> dict[str, int]:
+        """The fields by name, as the JSON tables store them."""
+        return attrs.asdict(self)
+
+
+def layer_key(experts: int, hidden: int, inter: int, top_k: int, fmt: str) -> str:
+    """The table key of one layer shape."""
+    return f"{experts},{hidden},{inter},{top_k},{fmt}"
+
+
+def device_file(device_name: str) -> Path:
+    """The tuned table's path for a device name as torch reports it."""
+    return CONFIG_DIR / (device_name.replace(" ", "_") + ".json")
+
+
+@functools.cache
+def _table(device_name: str) -> dict[str, dict[str, dict[str, dict[str, int]]]]:
+    path = device_file(device_name)
+    if not path.exists():
+        return {}
+    data: dict[str, dict[str, dict[str, dict[str, int]]]] = json.loads(path.read_text())
+    return data
+
+
+def _block_k(k: int, fmt: str, widest: int) -> int:
+    """The widest K tile up to ``widest`` that divides ``k`` (NVFP4 tiles hold whole 32-element pairs of blocks)."""
+    smallest = 32 if fmt == "nvfp4" else 16
+    block_k = min(widest, 256 if fmt == "nvfp4" else 128)
+    while block_k > smallest and k % block_k:
+        block_k //= 2
+    return block_k
+
+
+def heuristic(
+    tokens: int, top_k: int, experts: int, hidden: int, inter: int, fmt: str, interpreted: bool
+) -> tuple[KernelConfig, KernelConfig]:
+    """Both GEMMs' block sizes from the shape alone: small row blocks and wide K at decode, big tiles at prefill.
+
+    ``interpreted`` (Triton's CPU interpreter, slow per program): the biggest
+    tiles the tiny test shapes allow.
+    """
+    rows_per_expert = tokens * top_k / experts
+    if interpreted:
+        block_m, block_n, widest, warps, stages, group = 16, 64, 256, 4, 1, 8
+    elif rows_per_expert <= 16:
+        block_m, block_n, widest, warps, stages, group = 16, 64, 256, 4, 4, 1
+    elif rows_per_expert <= 64:
+        block_m, block_n, widest, warps, stages, group = 64, 64, 128, 4, 4, 8
+    else:
+        block_m, block_n, widest, warps, stages, group = 128, 128, 64, 8, 3, 8
+    return (
+        KernelConfig(block_m, block_n, _block_k(hidden, fmt, widest), group, warps, stages),
+        KernelConfig(block_m, block_n, _block_k(inter, fmt, widest), group, warps, stages),
+    )
+
+
+def choose(
+    device_name: str, tokens: int, top_k: int, experts: int, hidden: int, inter: int, fmt: str, interpreted: bool
+) -> tuple[KernelConfig, KernelConfig]:
+    """The tuned ``(w13, w2)`` configs of this layer nearest to ``tokens``, else :func:`heuristic`."""
+    entries = None if interpreted else _table(device_name).get(layer_key(experts, hidden, inter, top_k, fmt))
+    if not entries:
+        return heuristic(tokens, top_k, experts, hidden, inter, fmt, interpreted)
+    nearest = entries[min(entries, key=lambda count: abs(int(count) - tokens))]
+    return KernelConfig(**nearest["w13"]), KernelConfig(**nearest["w2"])

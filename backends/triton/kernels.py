@@ -1,0 +1,150 @@
+"""The fused MoE kernels: a grouped GEMM over expert-sorted rows, and the combine.
+
+One kernel serves both GEMMs and both weight formats, its variant chosen by
+constexpr flags:
+
+- ``GATED`` (the first GEMM): each program computes the gate and the up tile
+  of the same columns (``w13`` rows ``n`` and ``I + n``) and writes
+  ``act(gate) * up``; the rows of ``A`` are tokens (``pair // top_k``).
+- otherwise (the second GEMM): ``A``'s rows are the (token, slot) pairs of
+  the first GEMM's output, and each row is scaled by its top-k weight.
+- ``NVFP4``: ``B`` is packed E2M1 (two codes a byte along K) with one E4M3
+  scale per 16 elements, dequantized in registers; each half's per-expert
+  dequantize-side global scale multiplies the accumulator. Otherwise ``B`` is
+  bf16/fp16 ``[E, N, K]``.
+
+Every program reads its block's expert and rows from :mod:`.sorting`'s
+output and returns at once past the rows in use, so the launch grid is a
+static bound and no size is read back to the host. ``UPCAST`` computes the
+dot products in float32 (Triton's CPU interpreter multiplies bf16 wrongly).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+SILU = 0
+GELU = 1
+
+
+@triton.jit
+def _e2m1(codes):
+    """float32 values of 4-bit E2M1 codes (bit 3 the sign)."""
+    magnitude = codes & 7
+    exponent = magnitude >> 1
+    mantissa = (magnitude & 1).to(tl.float32)
+    scale = tl.where(exponent == 0, 0.5, (1 << tl.maximum(exponent - 1, 0)).to(tl.float32))
+    value = tl.where(exponent == 0, 0.5 * mantissa, scale * (1.0 + 0.5 * mantissa))
+    return tl.where((codes & 8) != 0, -value, value)
+
+
+@triton.jit
+def _dense_tile(b_ptr, offs_n, offs_k, k_left, stride_bn, EVEN_K: tl.constexpr):
+    """A ``[BLOCK_K, BLOCK_N]`` tile of ``B [N, K]`` at rows ``offs_n``."""
+    ptrs = b_ptr + offs_n[None, :] * stride_bn + offs_k[:, None]
+    if EVEN_K:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+
+
+@triton.jit
+def _nvfp4_tiles(packed_ptr, scales_ptr, offs_n, k_start, stride_pn, stride_sn, HALF_K: tl.constexpr, dtype):
+    """The even- and odd-K ``[BLOCK_K / 2, BLOCK_N]`` tiles of packed NVFP4 ``B``, times their block scales."""
+    bytes_k = k_start // 2 + tl.arange(0, HALF_K)
+    packed = tl.load(packed_ptr + offs_n[None, :] * stride_pn + bytes_k[:, None])
+    scales = tl.load(scales_ptr + offs_n[None, :] * stride_sn + (bytes_k // 8)[:, None]).to(tl.float32)
+    low = (_e2m1(packed & 15) * scales).to(dtype)
+    high = (_e2m1(packed >> 4) * scales).to(dtype)
+    return low, high
+
+
+@triton.jit
+def moe_gemm_kernel(
+    a_ptr, b_ptr, b_scales_ptr, dequant_ptr, c_ptr, topk_weights_ptr, sorted_ptr, expert_ids_ptr, num_rows_ptr,
+    N, K, num_pairs, top_k, max_blocks,
+    stride_am, stride_be, stride_bn, stride_se, stride_sn, stride_de, stride_cm,
+    GATED: tl.constexpr, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr, UPCAST: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """``C[pair] = A[row] @ B[expert].T`` for every sorted pair, see the module docstring."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    group_size = tl.minimum(max_blocks - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_size
+    pid_n = (pid % in_group) // group_size
+    if pid_m * BLOCK_M >= tl.load(num_rows_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    pairs = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_ok = pairs < num_pairs
+    a_rows = tl.where(row_ok, pairs // top_k if GATED else pairs, 0).to(tl.int64)
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    b_expert = b_ptr + expert * stride_be
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    dot_dtype = tl.float32 if UPCAST else b_ptr.dtype.element_ty
+    if NVFP4:
+        dot_dtype = tl.float32 if UPCAST else a_ptr.dtype.element_ty
+        scales_expert = b_scales_ptr + expert * stride_se
+        half = tl.arange(0, BLOCK_K // 2)
+        for k_start in range(0, K, BLOCK_K):
+            a_even = tl.load(a_ptr + a_rows[:, None] * stride_am + (k_start + 2 * half)[None, :]).to(dot_dtype)
+            a_odd = tl.load(a_ptr + a_rows[:, None] * stride_am + (k_start + 2 * half + 1)[None, :]).to(dot_dtype)
+            low, high = _nvfp4_tiles(b_expert, scales_expert, offs_n, k_start, stride_bn, stride_sn, BLOCK_K // 2, dot_dtype)
+            acc = tl.dot(a_even, low, acc)
+            acc = tl.dot(a_odd, high, acc)
+            if GATED:
+                low, high = _nvfp4_tiles(
+                    b_expert, scales_expert, offs_n + N, k_start, stride_bn, stride_sn, BLOCK_K // 2, dot_dtype
+                )
+                acc_up = tl.dot(a_even, low, acc_up)
+                acc_up = tl.dot(a_odd, high, acc_up)
+        acc = acc * tl.load(dequant_ptr + expert * stride_de)
+        if GATED:
+            acc_up = acc_up * tl.load(dequant_ptr + expert * stride_de + 1)
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
+        for k_start in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k_start, other=0.0)
+            a = a.to(dot_dtype)
+            b = _dense_tile(b_expert + k_start, offs_n, offs_k, K - k_start, stride_bn, EVEN_K).to(dot_dtype)
+            acc = tl.dot(a, b, acc)
+            if GATED:
+                up = _dense_tile(b_expert + N * stride_bn + k_start, offs_n, offs_k, K - k_start, stride_bn, EVEN_K)
+                acc_up = tl.dot(a, up.to(dot_dtype), acc_up)
+            a_ptrs += BLOCK_K
+    if GATED:
+        if ACTIVATION == 0:
+            gate = acc / (1.0 + tl.exp(-acc))
+        else:
+            gate = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+        result = gate * acc_up
+    else:
+        result = acc * tl.load(topk_weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + pairs.to(tl.int64)[:, None] * stride_cm + cols[None, :]
+    tl.store(c_ptrs, result.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < N))
+
+
+@triton.jit
+def combine_kernel(
+    c_ptr, ids_ptr, out_ptr, H, top_k, offset, num_local, scaling, stride_cm, stride_om, BLOCK_H: tl.constexpr,
+):
+    """``out[t] = scaling * sum_k C[t * top_k + k]`` over the slots routed to this rank's experts."""
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_ok = cols < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for k in range(top_k):
+        expert = tl.load(ids_ptr + token * top_k + k) - offset
+        local = (expert >= 0) & (expert < num_local)
+        row = tl.load(c_ptr + (token * top_k + k) * stride_cm + cols, mask=col_ok & local, other=0.0)
+        acc += row.to(tl.float32)
+    tl.store(out_ptr + token * stride_om + cols, (acc * scaling).to(out_ptr.dtype.element_ty), mask=col_ok)
