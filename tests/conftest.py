@@ -10,6 +10,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    # Triton's kernels run under its CPU interpreter here; the flag must be set before they are defined.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import moe_core.backends.reference  # noqa: F401  # registers the reference backends
 from moe_core import registry
 

@@ -68,11 +68,17 @@ def test_check_verifies_each_reference_against_float64(capsys: pytest.CaptureFix
     assert "moe-core check on cpu" in captured.err and "seed 0" in captured.err
     rows = table_rows(captured.out)
     dense, nvfp4 = rows["dense reference-dense"], rows["nvfp4 reference-nvfp4"]
-    (quant,) = [row for row in table_lines(captured.out) if "unquantized" in row[2]]
+    (quant,) = [row for row in table_lines(captured.out) if row[0] == "nvfp4" and "unquantized" in row[2]]
     assert dense[2] == "float64 MoE" and dense[-1] == "ok" and 0 < float(dense[3]) < 7.8e-3
     assert nvfp4[2] == "float64 W4A4 MoE" and nvfp4[-1] == "ok" and 0 < float(nvfp4[3]) < 7.8e-3
     assert quant[-1] == "info" and 0.05 < float(quant[3]) < 0.5, "W4A4 must cost a visible error against the float layer"
     assert float(nvfp4[6]) > 0
+    w4a16 = rows["nvfp4-w4a16 reference-nvfp4-w4a16"]
+    assert w4a16[2] == "float64 MoE, dequantized" and w4a16[-1] == "ok" and 0 < float(w4a16[3]) < 7.8e-3
+    # the Triton backends run here under Triton's CPU interpreter, each against its format's reference
+    assert rows["dense triton-dense"][2] == "reference-dense" and rows["dense triton-dense"][-1] == "ok"
+    assert rows["nvfp4-w4a16 triton-nvfp4-w4a16"][2] == "reference-nvfp4-w4a16"
+    assert rows["nvfp4-w4a16 triton-nvfp4-w4a16"][-1] == "ok"
 
 
 def test_check_in_fp32_pins_the_references_to_float32_rounding(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,8 @@
-"""The fused MoE kernels: a grouped GEMM over expert-sorted rows, and the combine.
+"""The Triton kernels (Triton's language, not typed Python): token sorting, the grouped GEMM, the combine.
+
+Only this module imports Triton; :mod:`.sorting` and :mod:`.runner` launch
+these kernels. mypy checks it without the typed-definition rules
+(``mypy.ini``): Triton's language has no Python types.
 
 One kernel serves both GEMMs and both weight formats, its variant chosen by
 constexpr flags:
@@ -29,6 +33,51 @@ GELU = 1
 
 
 @triton.jit
+def count_kernel(ids_ptr, counts_ptr, numel, offset, num_local, CHUNK: tl.constexpr, BINS: tl.constexpr):
+    """Add each program's per-expert histogram of ``CHUNK`` local ids into ``counts``."""
+    start = tl.program_id(0) * CHUNK
+    idx = start + tl.arange(0, CHUNK)
+    ids = tl.load(ids_ptr + idx, mask=idx < numel, other=-1) - offset
+    local = (ids >= 0) & (ids < num_local) & (idx < numel)
+    counts = tl.histogram(tl.where(local, ids, num_local), BINS)
+    bins = tl.arange(0, BINS)
+    tl.atomic_add(counts_ptr + bins, counts, mask=bins < num_local)
+
+
+@triton.jit
+def scan_kernel(
+    counts_ptr, starts_ptr, expert_ids_ptr, total_ptr, num_local, max_blocks, BLOCK_M: tl.constexpr, BINS: tl.constexpr,
+    BLOCKS: tl.constexpr,
+):
+    """One program: pad the counts to ``BLOCK_M``, their exclusive prefix sums, the total, each block's expert."""
+    bins = tl.arange(0, BINS)
+    counts = tl.load(counts_ptr + bins, mask=bins < num_local, other=0)
+    padded = tl.cdiv(counts, BLOCK_M) * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(starts_ptr + bins, ends - padded, mask=bins < num_local)
+    tl.store(total_ptr, tl.sum(padded, axis=0))
+    for first in range(0, max_blocks, BLOCKS):
+        blocks = first + tl.arange(0, BLOCKS)
+        row = blocks * BLOCK_M
+        # a block's expert is the number of experts whose padded range ends at or before its first row
+        expert = tl.sum(((ends[None, :] <= row[:, None]) & (bins[None, :] < num_local)).to(tl.int32), axis=1)
+        expert = tl.where(expert < num_local, expert, -1)
+        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < max_blocks)
+
+
+@triton.jit
+def scatter_kernel(ids_ptr, starts_ptr, cursors_ptr, sorted_ptr, numel, offset, num_local, CHUNK: tl.constexpr):
+    """Write each local pair's flat index at its expert's start plus a slot taken with an atomic."""
+    idx = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(ids_ptr + idx, mask=idx < numel, other=-1) - offset
+    local = (ids >= 0) & (ids < num_local) & (idx < numel)
+    expert = tl.where(local, ids, 0)
+    slot = tl.atomic_add(cursors_ptr + expert, 1, mask=local)
+    start = tl.load(starts_ptr + expert, mask=local, other=0)
+    tl.store(sorted_ptr + start + slot, idx, mask=local)
+
+
+@triton.jit
 def _e2m1(codes):
     """float32 values of 4-bit E2M1 codes (bit 3 the sign)."""
     magnitude = codes & 7
@@ -49,11 +98,20 @@ def _dense_tile(b_ptr, offs_n, offs_k, k_left, stride_bn, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _nvfp4_tiles(packed_ptr, scales_ptr, offs_n, k_start, stride_pn, stride_sn, HALF_K: tl.constexpr, dtype):
+def _nvfp4_tiles(
+    packed_ptr, scales_ptr, offs_n, k_start, K, stride_pn, stride_sn, HALF_K: tl.constexpr, EVEN_K: tl.constexpr, dtype
+):
     """The even- and odd-K ``[BLOCK_K / 2, BLOCK_N]`` tiles of packed NVFP4 ``B``, times their block scales."""
     bytes_k = k_start // 2 + tl.arange(0, HALF_K)
-    packed = tl.load(packed_ptr + offs_n[None, :] * stride_pn + bytes_k[:, None])
-    scales = tl.load(scales_ptr + offs_n[None, :] * stride_sn + (bytes_k // 8)[:, None]).to(tl.float32)
+    packed_ptrs = packed_ptr + offs_n[None, :] * stride_pn + bytes_k[:, None]
+    scale_ptrs = scales_ptr + offs_n[None, :] * stride_sn + (bytes_k // 8)[:, None]
+    if EVEN_K:
+        packed = tl.load(packed_ptrs)
+        scales = tl.load(scale_ptrs).to(tl.float32)
+    else:
+        inside = bytes_k[:, None] < K // 2
+        packed = tl.load(packed_ptrs, mask=inside, other=0)
+        scales = tl.load(scale_ptrs, mask=inside, other=0.0).to(tl.float32)
     low = (_e2m1(packed & 15) * scales).to(dtype)
     high = (_e2m1(packed >> 4) * scales).to(dtype)
     return low, high
@@ -91,14 +149,24 @@ def moe_gemm_kernel(
         scales_expert = b_scales_ptr + expert * stride_se
         half = tl.arange(0, BLOCK_K // 2)
         for k_start in range(0, K, BLOCK_K):
-            a_even = tl.load(a_ptr + a_rows[:, None] * stride_am + (k_start + 2 * half)[None, :]).to(dot_dtype)
-            a_odd = tl.load(a_ptr + a_rows[:, None] * stride_am + (k_start + 2 * half + 1)[None, :]).to(dot_dtype)
-            low, high = _nvfp4_tiles(b_expert, scales_expert, offs_n, k_start, stride_bn, stride_sn, BLOCK_K // 2, dot_dtype)
+            even_cols = k_start + 2 * half
+            a_even_ptrs = a_ptr + a_rows[:, None] * stride_am + even_cols[None, :]
+            if EVEN_K:
+                a_even = tl.load(a_even_ptrs).to(dot_dtype)
+                a_odd = tl.load(a_even_ptrs + 1).to(dot_dtype)
+            else:
+                inside = even_cols[None, :] < K
+                a_even = tl.load(a_even_ptrs, mask=inside, other=0.0).to(dot_dtype)
+                a_odd = tl.load(a_even_ptrs + 1, mask=inside, other=0.0).to(dot_dtype)
+            low, high = _nvfp4_tiles(
+                b_expert, scales_expert, offs_n, k_start, K, stride_bn, stride_sn, BLOCK_K // 2, EVEN_K, dot_dtype
+            )
             acc = tl.dot(a_even, low, acc)
             acc = tl.dot(a_odd, high, acc)
             if GATED:
                 low, high = _nvfp4_tiles(
-                    b_expert, scales_expert, offs_n + N, k_start, stride_bn, stride_sn, BLOCK_K // 2, dot_dtype
+                    b_expert, scales_expert, offs_n + N, k_start, K, stride_bn, stride_sn, BLOCK_K // 2, EVEN_K,
+                    dot_dtype,
                 )
                 acc_up = tl.dot(a_even, low, acc_up)
                 acc_up = tl.dot(a_odd, high, acc_up)

@@ -12,13 +12,12 @@ from typing import final
 
 import attrs
 import torch
-import triton
 
 from moe_core import Activation, DispatchFormat, DispatchOutput, MoeRunnerConfig, check_run_inputs
 from moe_core.backends.triton.configs import KernelConfig, choose
 from moe_core.backends.triton.kernels import GELU, SILU, combine_kernel, moe_gemm_kernel
 from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights
-from moe_core.backends.triton.sorting import SortedTokens, sort_tokens
+from moe_core.backends.triton.sorting import SortedTokens, cdiv, sort_tokens
 
 COMBINE_BLOCK = 1024
 """Hidden columns per combine program."""
@@ -51,7 +50,7 @@ def _launch(
     top_k: int, gated: bool, activation: int,
 ) -> None:
     config = gemm.config
-    grid = (sorted_tokens.max_blocks * triton.cdiv(gemm.n, config.block_n),)
+    grid = (sorted_tokens.max_blocks * cdiv(gemm.n, config.block_n),)
     scales, dequant = gemm.b_scales, gemm.dequant
     moe_gemm_kernel[grid](
         a, gemm.b, gemm.b if scales is None else scales, topk_weights if dequant is None else dequant,
@@ -79,7 +78,7 @@ def fused_moe(config: MoeRunnerConfig, dispatch: DispatchOutput, w13: _Gemm, w2:
     down = torch.empty((tokens * top_k, w2.n), dtype=hidden.dtype, device=hidden.device)
     _launch(inter, w2, down, weights, sorted_tokens, top_k, False, activation)
     out = torch.empty_like(x)
-    grid = (tokens, triton.cdiv(w2.n, COMBINE_BLOCK))
+    grid = (tokens, cdiv(w2.n, COMBINE_BLOCK))
     combine_kernel[grid](
         down, ids, out, w2.n, top_k, config.local_expert_offset, config.num_local_experts,
         config.routed_scaling_factor, down.stride(0), out.stride(0), BLOCK_H=COMBINE_BLOCK,

@@ -7,7 +7,7 @@ to another rank's experts are left out. Everything stays on the device and
 every size is a static bound (``T * K + E_local * (block_m - 1)`` rows), so a
 forward can be captured in a CUDA graph: no value is read back to the host.
 
-Three launches: a per-expert count (one histogram per program, added with
+Three launches (the kernels are in :mod:`.kernels`): a per-expert count (one histogram per program, added with
 atomics), a one-program scan that pads the counts and writes each block's
 expert, and a scatter that places every pair in its expert's range.
 """
@@ -18,53 +18,21 @@ from typing import final
 
 import attrs
 import torch
-import triton
-import triton.language as tl
+
+from moe_core.backends.triton.kernels import count_kernel, scan_kernel, scatter_kernel
 
 CHUNK = 1024
 """(token, slot) pairs per program in the count and scatter kernels."""
 
 
-@triton.jit
-def _count_kernel(ids_ptr, counts_ptr, numel, offset, num_local, CHUNK: tl.constexpr, BINS: tl.constexpr):
-    start = tl.program_id(0) * CHUNK
-    idx = start + tl.arange(0, CHUNK)
-    ids = tl.load(ids_ptr + idx, mask=idx < numel, other=-1) - offset
-    local = (ids >= 0) & (ids < num_local) & (idx < numel)
-    counts = tl.histogram(tl.where(local, ids, num_local), BINS)
-    bins = tl.arange(0, BINS)
-    tl.atomic_add(counts_ptr + bins, counts, mask=bins < num_local)
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive ints."""
+    return -(-a // b)
 
 
-@triton.jit
-def _scan_kernel(
-    counts_ptr, starts_ptr, expert_ids_ptr, total_ptr, num_local, max_blocks, BLOCK_M: tl.constexpr, BINS: tl.constexpr,
-    BLOCKS: tl.constexpr,
-):
-    bins = tl.arange(0, BINS)
-    counts = tl.load(counts_ptr + bins, mask=bins < num_local, other=0)
-    padded = tl.cdiv(counts, BLOCK_M) * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)
-    tl.store(starts_ptr + bins, ends - padded, mask=bins < num_local)
-    tl.store(total_ptr, tl.sum(padded, axis=0))
-    for first in range(0, max_blocks, BLOCKS):
-        blocks = first + tl.arange(0, BLOCKS)
-        row = blocks * BLOCK_M
-        # a block's expert is the number of experts whose padded range ends at or before its first row
-        expert = tl.sum(((ends[None, :] <= row[:, None]) & (bins[None, :] < num_local)).to(tl.int32), axis=1)
-        expert = tl.where(expert < num_local, expert, -1)
-        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < max_blocks)
-
-
-@triton.jit
-def _scatter_kernel(ids_ptr, starts_ptr, cursors_ptr, sorted_ptr, numel, offset, num_local, CHUNK: tl.constexpr):
-    idx = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
-    ids = tl.load(ids_ptr + idx, mask=idx < numel, other=-1) - offset
-    local = (ids >= 0) & (ids < num_local) & (idx < numel)
-    expert = tl.where(local, ids, 0)
-    slot = tl.atomic_add(cursors_ptr + expert, 1, mask=local)
-    start = tl.load(starts_ptr + expert, mask=local, other=0)
-    tl.store(sorted_ptr + start + slot, idx, mask=local)
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= ``n`` (Triton's block shapes are powers of two)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 @final
@@ -94,7 +62,7 @@ class SortedTokens:
 
 def max_rows(num_pairs: int, num_local_experts: int, block_m: int) -> int:
     """The static bound on padded rows: every pair, plus up to ``block_m - 1`` padding per expert."""
-    return triton.cdiv(num_pairs + num_local_experts * (block_m - 1), block_m) * block_m
+    return cdiv(num_pairs + num_local_experts * (block_m - 1), block_m) * block_m
 
 
 def sort_tokens(topk_ids: torch.Tensor, num_local_experts: int, local_expert_offset: int, block_m: int) -> SortedTokens:
@@ -103,18 +71,18 @@ def sort_tokens(topk_ids: torch.Tensor, num_local_experts: int, local_expert_off
     numel = ids.numel()
     device = ids.device
     rows = max_rows(numel, num_local_experts, block_m)
-    bins = triton.next_power_of_2(num_local_experts + 1)
+    bins = next_power_of_2(num_local_experts + 1)
     counts = torch.zeros(bins, dtype=torch.int32, device=device)
     starts = torch.empty(bins, dtype=torch.int32, device=device)
     cursors = torch.zeros(bins, dtype=torch.int32, device=device)
     sorted_ids = torch.full((rows,), numel, dtype=torch.int32, device=device)
     expert_ids = torch.empty(rows // block_m, dtype=torch.int32, device=device)
     total = torch.empty(1, dtype=torch.int32, device=device)
-    chunks = (triton.cdiv(numel, CHUNK),)
-    _count_kernel[chunks](ids, counts, numel, local_expert_offset, num_local_experts, CHUNK=CHUNK, BINS=bins)
-    _scan_kernel[(1,)](
+    chunks = (cdiv(numel, CHUNK),)
+    count_kernel[chunks](ids, counts, numel, local_expert_offset, num_local_experts, CHUNK=CHUNK, BINS=bins)
+    scan_kernel[(1,)](
         counts, starts, expert_ids, total, num_local_experts, rows // block_m,
-        BLOCK_M=block_m, BINS=bins, BLOCKS=min(1024, triton.next_power_of_2(rows // block_m)),
+        BLOCK_M=block_m, BINS=bins, BLOCKS=min(1024, next_power_of_2(rows // block_m)),
     )
-    _scatter_kernel[chunks](ids, starts, cursors, sorted_ids, numel, local_expert_offset, num_local_experts, CHUNK=CHUNK)
+    scatter_kernel[chunks](ids, starts, cursors, sorted_ids, numel, local_expert_offset, num_local_experts, CHUNK=CHUNK)
     return SortedTokens(sorted_ids, expert_ids, total, block_m)

@@ -1,0 +1,187 @@
+"""The Triton backend against the reference backends.
+
+On the CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``,
+set in ``conftest.py``) at tiny shapes, in fp16 and fp32 (the interpreter
+multiplies bf16 wrongly; the kernels then compute their dot products in
+float32). On a CUDA device the same checks run compiled, at real sizes, in
+bf16 and fp16.
+
+Tolerances (relative l2 against the reference on the same weights): the
+kernels store the gated activation and the second GEMM's rows in the
+activations' dtype before the combine (the reference keeps float32), so the
+error is a few roundings of that dtype: fp16 6e-3 (6 of its epsilons), bf16
+1.6e-2 (2 of its epsilons); float32 activations 1e-5 under the interpreter
+(float32 dot products) and 5e-3 on a GPU (TF32 dot products).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from moe_core import (
+    Activation,
+    DenseMoeWeights,
+    MoeRunnerConfig,
+    StandardDispatchOutput,
+    TopKOutput,
+    create_runner,
+    select_experts,
+)
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4_W4A16
+from moe_core.backends.triton import TRITON_DENSE, TRITON_NVFP4_W4A16
+from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights
+from moe_core.backends.triton.sorting import sort_tokens
+from moe_core.synthetic import quantize_nvfp4_layer
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+TOLERANCE = {torch.float16: 6e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5 if not CUDA else 5e-3}
+DTYPES = [torch.bfloat16, torch.float16] if CUDA else [torch.float16, torch.float32]
+
+SMALL = [
+    # (tokens, experts, top_k, hidden, inter, local experts, offset)
+    (1, 4, 1, 64, 32, 4, 0),
+    (17, 8, 2, 64, 64, 8, 0),
+    (9, 8, 3, 48, 80, 4, 4),
+]
+REAL = [
+    (1, 8, 2, 4096, 14336, 8, 0),
+    (37, 128, 8, 2048, 768, 128, 0),
+    (1000, 256, 8, 7168, 2048, 64, 64),
+    (8192, 8, 2, 4096, 14336, 8, 0),
+]
+SHAPES = REAL if CUDA else SMALL
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    diff = actual.double() - expected.double()
+    return float(diff.norm() / expected.double().norm())
+
+
+def make_layer(
+    gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, activation: Activation = Activation.SILU_GATED
+) -> tuple[MoeRunnerConfig, DenseMoeWeights, StandardDispatchOutput]:
+    tokens, experts, top_k, hidden, inter, local, offset = shape
+    config = MoeRunnerConfig(
+        num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k,
+        num_local_experts=local, local_expert_offset=offset, activation=activation, routed_scaling_factor=1.5,
+    )
+    weight_dtype = torch.float32 if dtype == torch.float32 else dtype
+    w13 = (torch.randn(local, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)).to(weight_dtype)
+    w13[:, inter:] *= 2.0
+    w2 = (torch.randn(local, hidden, inter, generator=gen) / math.sqrt(inter)).to(weight_dtype)
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype)
+    logits = torch.randn(tokens, experts, generator=gen)
+    dispatch = StandardDispatchOutput(x.to(DEVICE), select_experts(logits.to(DEVICE), config))
+    return config, DenseMoeWeights(w13=w13.to(DEVICE), w2=w2.to(DEVICE)), dispatch
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"T{s[0]}-E{s[1]}-k{s[2]}-H{s[3]}-I{s[4]}-local{s[5]}" for s in SHAPES])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dense_matches_reference(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    config, weights, dispatch = make_layer(gen, shape, dtype)
+    kernel_weights = TritonDenseWeights.from_dense(weights)
+    out = create_runner(TRITON_DENSE, config).run(dispatch, kernel_weights)
+    expected = create_runner(REFERENCE_DENSE, config).run(
+        dispatch, DenseMoeWeights(w13=kernel_weights.w13, w2=kernel_weights.w2)
+    )
+    assert out.shape == dispatch.hidden_states.shape and out.dtype == dispatch.hidden_states.dtype
+    assert rel_err(out, expected) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"T{s[0]}-E{s[1]}-k{s[2]}-H{s[3]}-I{s[4]}-local{s[5]}" for s in SHAPES])
+def test_nvfp4_w4a16_matches_reference(gen: torch.Generator, shape: tuple[int, ...]) -> None:
+    dtype = DTYPES[0]
+    config, dense, dispatch = make_layer(gen, shape, dtype)
+    weights = quantize_nvfp4_layer(config, DenseMoeWeights(w13=dense.w13.float(), w2=dense.w2.float()), dispatch)
+    assert not torch.equal(weights.w13.gate.global_scales.value, weights.w13.up.global_scales.value)
+    out = create_runner(TRITON_NVFP4_W4A16, config).run(dispatch, TritonNvfp4W4A16Weights.from_nvfp4(weights))
+    expected = create_runner(REFERENCE_NVFP4_W4A16, config).run(dispatch, weights)
+    assert rel_err(out, expected) < TOLERANCE[dtype]
+
+
+def test_gelu_and_uneven_k(gen: torch.Generator) -> None:
+    config, weights, dispatch = make_layer(gen, (5, 4, 2, 40, 24, 4, 0), DTYPES[0], Activation.GELU_GATED)
+    kernel_weights = TritonDenseWeights.from_dense(weights)
+    out = create_runner(TRITON_DENSE, config).run(dispatch, kernel_weights)
+    expected = create_runner(REFERENCE_DENSE, config).run(dispatch, DenseMoeWeights(w13=kernel_weights.w13, w2=kernel_weights.w2))
+    assert rel_err(out, expected) < TOLERANCE[DTYPES[0]]
+
+
+@pytest.mark.parametrize("routing", ["all-on-one-expert", "expert-without-tokens", "all-elsewhere"])
+def test_odd_routings(gen: torch.Generator, routing: str) -> None:
+    tokens = 19
+    config, weights, dispatch = make_layer(gen, (tokens, 8, 2, 64, 32, 4, 4), DTYPES[0])
+    if routing == "all-on-one-expert":
+        ids = torch.tensor([[5, 1]] * tokens, dtype=torch.int32)
+    elif routing == "expert-without-tokens":
+        ids = torch.stack([torch.tensor([4, 6]), torch.tensor([5, 7])] * 9 + [torch.tensor([4, 0])]).to(torch.int32)
+    else:
+        ids = torch.tensor([[0, 3]] * tokens, dtype=torch.int32)
+    topk = TopKOutput(ids.to(DEVICE), torch.rand(tokens, 2, generator=gen).to(DEVICE), num_experts=8)
+    dispatch = StandardDispatchOutput(dispatch.hidden_states, topk)
+    kernel_weights = TritonDenseWeights.from_dense(weights)
+    out = create_runner(TRITON_DENSE, config).run(dispatch, kernel_weights)
+    expected = create_runner(REFERENCE_DENSE, config).run(dispatch, DenseMoeWeights(w13=kernel_weights.w13, w2=kernel_weights.w2))
+    if routing == "all-elsewhere":
+        assert torch.count_nonzero(out) == 0  # nothing routed to this rank's experts contributes
+    else:
+        assert rel_err(out, expected) < TOLERANCE[DTYPES[0]]
+
+
+@pytest.mark.parametrize(("tokens", "top_k", "experts", "local", "offset", "block_m"), [
+    (1, 1, 4, 4, 0, 16), (37, 3, 16, 8, 4, 16), (200, 8, 64, 16, 48, 64), (5, 2, 8, 8, 0, 128),
+])
+def test_sorting_groups_every_local_pair_once(
+    gen: torch.Generator, tokens: int, top_k: int, experts: int, local: int, offset: int, block_m: int
+) -> None:
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)]).to(torch.int32)
+    result = sort_tokens(ids.to(DEVICE), local, offset, block_m)
+    flat = ids.reshape(-1)
+    rows, sorted_ids, expert_ids = int(result.num_rows), result.sorted_ids.cpu(), result.expert_ids.cpu()
+    assert rows % block_m == 0 and rows <= sorted_ids.numel()
+    for block in range(rows // block_m):
+        pairs = sorted_ids[block * block_m : (block + 1) * block_m]
+        real = pairs[pairs < flat.numel()]
+        assert real.numel() > 0, "a block in use holds at least one pair"
+        assert bool((flat[real.long()] - offset == expert_ids[block]).all())
+    assert bool((expert_ids[rows // block_m :] == -1).all())
+    placed = sorted(int(p) for p in sorted_ids[:rows] if p < flat.numel())
+    assert placed == [i for i in range(flat.numel()) if offset <= int(flat[i]) < offset + local]
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA graphs")
+def test_forward_is_captured_and_replayed_in_a_cuda_graph(gen: torch.Generator) -> None:
+    config, weights, dispatch = make_layer(gen, (16, 64, 8, 2048, 768, 64, 0), torch.bfloat16)
+    kernel_weights = TritonDenseWeights.from_dense(weights)
+    runner = create_runner(TRITON_DENSE, config)
+    static_x = dispatch.hidden_states.clone()
+    static_ids, static_w = dispatch.topk.topk_ids.clone(), dispatch.topk.topk_weights.clone()
+
+    def forward() -> torch.Tensor:
+        topk = TopKOutput(static_ids, static_w, num_experts=config.num_experts, check_values=False)
+        return runner.run(StandardDispatchOutput(static_x, topk), kernel_weights)
+
+    forward()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = forward()
+    _, _, fresh = make_layer(gen, (16, 64, 8, 2048, 768, 64, 0), torch.bfloat16)
+    static_x.copy_(fresh.hidden_states)
+    static_ids.copy_(fresh.topk.topk_ids)
+    static_w.copy_(fresh.topk.topk_weights)
+    graph.replay()
+    torch.testing.assert_close(captured, runner.run(fresh, kernel_weights), rtol=0, atol=0)
+
+
+def test_shapes_that_disagree_with_the_config_are_refused(gen: torch.Generator) -> None:
+    config, weights, dispatch = make_layer(gen, (3, 4, 2, 64, 32, 4, 0), DTYPES[0])
+    other = MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=64, top_k=2)
+    with pytest.raises(ValueError, match="quant_info.intermediate_size: expected 64 from the config, got 32"):
+        create_runner(TRITON_DENSE, other).run(dispatch, TritonDenseWeights.from_dense(weights))
+    with pytest.raises(TypeError, match="TritonDenseWeights.w13: expected dtype torch.bfloat16 or torch.float16"):
+        TritonDenseWeights(w13=weights.w13.float(), w2=weights.w2.float())
