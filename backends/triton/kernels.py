@@ -78,14 +78,16 @@ def scatter_kernel(ids_ptr, starts_ptr, cursors_ptr, sorted_ptr, numel, offset, 
 
 
 @triton.jit
-def _e2m1(codes):
-    """float32 values of 4-bit E2M1 codes (bit 3 the sign)."""
-    magnitude = codes & 7
-    exponent = magnitude >> 1
-    mantissa = (magnitude & 1).to(tl.float32)
-    scale = tl.where(exponent == 0, 0.5, (1 << tl.maximum(exponent - 1, 0)).to(tl.float32))
-    value = tl.where(exponent == 0, 0.5 * mantissa, scale * (1.0 + 0.5 * mantissa))
-    return tl.where((codes & 8) != 0, -value, value)
+def _e2m1_over_2_14(codes):
+    """4-bit E2M1 codes (bit 3 the sign) as float32 values divided by 2^14, from their bits.
+
+    The three magnitude bits moved to fp16's bits 9-11 make the exponent's
+    two low bits and the top mantissa bit: an fp16 of value ``2^-14`` times
+    the E2M1 value (its ``e = 0`` codes land on fp16's subnormals, exactly);
+    the sign moves to bit 15. No table and no branches.
+    """
+    bits = ((codes & 7).to(tl.uint16) << 9) | ((codes & 8).to(tl.uint16) << 12)
+    return bits.to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -103,17 +105,20 @@ def _nvfp4_tiles(
 ):
     """The even- and odd-K ``[BLOCK_K / 2, BLOCK_N]`` tiles of packed NVFP4 ``B``, times their block scales."""
     bytes_k = k_start // 2 + tl.arange(0, HALF_K)
+    blocks = k_start // 16 + tl.arange(0, HALF_K // 8)
     packed_ptrs = packed_ptr + offs_n[None, :] * stride_pn + bytes_k[:, None]
-    scale_ptrs = scales_ptr + offs_n[None, :] * stride_sn + (bytes_k // 8)[:, None]
+    scale_ptrs = scales_ptr + offs_n[None, :] * stride_sn + blocks[:, None]
     if EVEN_K:
         packed = tl.load(packed_ptrs)
         scales = tl.load(scale_ptrs).to(tl.float32)
     else:
-        inside = bytes_k[:, None] < K // 2
-        packed = tl.load(packed_ptrs, mask=inside, other=0)
-        scales = tl.load(scale_ptrs, mask=inside, other=0.0).to(tl.float32)
-    low = (_e2m1(packed & 15) * scales).to(dtype)
-    high = (_e2m1(packed >> 4) * scales).to(dtype)
+        packed = tl.load(packed_ptrs, mask=bytes_k[:, None] < K // 2, other=0)
+        scales = tl.load(scale_ptrs, mask=blocks[:, None] < K // 16, other=0.0).to(tl.float32)
+    # one scale per 16 elements: 8 bytes of each column share it
+    scales = tl.reshape(tl.broadcast_to(scales[:, None, :], (HALF_K // 8, 8, scales.shape[1])), (HALF_K, scales.shape[1]))
+    scales = scales * 16384.0  # 2^14: undoes the decode's 2^-14
+    low = (_e2m1_over_2_14(packed & 15) * scales).to(dtype)
+    high = (_e2m1_over_2_14(packed >> 4) * scales).to(dtype)
     return low, high
 
 

@@ -34,8 +34,9 @@ def _device_name(device: torch.device) -> str:
 
 @final
 @attrs.frozen(eq=False)
-class _Gemm:
-    """One grouped GEMM launch's operands."""
+class Gemm:
+    """One grouped GEMM launch's operands: ``B`` (and for NVFP4 its block scales and per-expert dequantize
+    factors), the output columns ``n``, the reduction ``k`` and the block sizes."""
 
     b: torch.Tensor
     b_scales: torch.Tensor | None
@@ -45,10 +46,11 @@ class _Gemm:
     config: KernelConfig
 
 
-def _launch(
-    a: torch.Tensor, gemm: _Gemm, out: torch.Tensor, topk_weights: torch.Tensor, sorted_tokens: SortedTokens,
+def launch(
+    a: torch.Tensor, gemm: Gemm, out: torch.Tensor, topk_weights: torch.Tensor, sorted_tokens: SortedTokens,
     top_k: int, gated: bool, activation: int,
 ) -> None:
+    """Launch the grouped GEMM: gated (the first GEMM) or weighted by the top-k weights (the second)."""
     config = gemm.config
     grid = (sorted_tokens.max_blocks * cdiv(gemm.n, config.block_n),)
     scales, dequant = gemm.b_scales, gemm.dequant
@@ -65,7 +67,7 @@ def _launch(
     )
 
 
-def fused_moe(config: MoeRunnerConfig, dispatch: DispatchOutput, w13: _Gemm, w2: _Gemm) -> torch.Tensor:
+def fused_moe(config: MoeRunnerConfig, dispatch: DispatchOutput, w13: Gemm, w2: Gemm) -> torch.Tensor:
     """Sort, ``act(x @ w13.T)``, ``@ w2.T`` times the top-k weights, and the combine."""
     hidden = dispatch.hidden_states
     ids, weights = dispatch.topk.topk_ids, dispatch.topk.topk_weights.contiguous()
@@ -74,9 +76,9 @@ def fused_moe(config: MoeRunnerConfig, dispatch: DispatchOutput, w13: _Gemm, w2:
     activation = SILU if config.activation is Activation.SILU_GATED else GELU
     x = hidden.contiguous()
     inter = torch.empty((tokens * top_k, w13.n), dtype=hidden.dtype, device=hidden.device)
-    _launch(x, w13, inter, weights, sorted_tokens, top_k, True, activation)
+    launch(x, w13, inter, weights, sorted_tokens, top_k, True, activation)
     down = torch.empty((tokens * top_k, w2.n), dtype=hidden.dtype, device=hidden.device)
-    _launch(inter, w2, down, weights, sorted_tokens, top_k, False, activation)
+    launch(inter, w2, down, weights, sorted_tokens, top_k, False, activation)
     out = torch.empty_like(x)
     grid = (tokens, cdiv(w2.n, COMBINE_BLOCK))
     combine_kernel[grid](
@@ -109,8 +111,8 @@ class TritonDenseRunner:
         inter, hidden = self.config.intermediate_size_per_partition, self.config.hidden_size
         return fused_moe(
             self.config, dispatch,
-            _Gemm(quant_info.w13, None, None, inter, hidden, c13),
-            _Gemm(quant_info.w2, None, None, hidden, inter, c2),
+            Gemm(quant_info.w13, None, None, inter, hidden, c13),
+            Gemm(quant_info.w2, None, None, hidden, inter, c2),
         )
 
 
@@ -128,6 +130,6 @@ class TritonNvfp4W4A16Runner:
         inter, hidden = self.config.intermediate_size_per_partition, self.config.hidden_size
         return fused_moe(
             self.config, dispatch,
-            _Gemm(quant_info.w13_packed, quant_info.w13_block_scales.data, quant_info.gate_up_dequant, inter, hidden, c13),
-            _Gemm(quant_info.w2_packed, quant_info.w2_block_scales.data, quant_info.w2_scales.value, hidden, inter, c2),
+            Gemm(quant_info.w13_packed, quant_info.w13_block_scales.data, quant_info.gate_up_dequant, inter, hidden, c13),
+            Gemm(quant_info.w2_packed, quant_info.w2_block_scales.data, quant_info.w2_scales.value, hidden, inter, c2),
         )

@@ -1,0 +1,250 @@
+"""MoE layer benchmark on one CUDA GPU: the Triton backend per format against ``torch._grouped_mm``.
+
+Run from the repository root (any CUDA GPU)::
+
+    python benchmarks/bench_moe.py [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096,8192]
+
+It measures the device's copy bandwidth and bf16 matmul rate first, in the
+same run, then prints one table per shape: per backend and token count the
+median time (CUDA-graph replay for T <= 64, else ``triton.testing.do_bench``),
+TFLOP/s, GB/s of the weight bytes actually read (the experts the routing hit),
+the fraction of the roofline ``max(bytes / copy bandwidth, flops / matmul
+rate) / time`` and the ratio of ``torch._grouped_mm``'s time to this one's.
+The reference backend runs at T <= 16 only. ``--host-overhead`` adds the
+eager per-call time at T=1 minus the graph-replay time. Results go to stdout
+and, with ``--json PATH``, to a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from moe_core import (  # noqa: E402
+    DenseMoeWeights,
+    ExpertQuantizeGlobalScales,
+    LinearBlockScales,
+    Nvfp4MoeWeights,
+    QuantizeGlobalScale,
+    MoeRunnerConfig,
+    StandardDispatchOutput,
+    TopKOutput,
+    create_runner,
+    select_experts,
+)
+from moe_core.backends.reference import REFERENCE_DENSE  # noqa: E402
+from moe_core.backends.triton import TRITON_DENSE, TRITON_NVFP4_W4A16  # noqa: E402
+from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights  # noqa: E402
+from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights  # noqa: E402
+
+SHAPES = {
+    "mixtral": (8, 2, 4096, 14336),
+    "qwen3": (128, 8, 2048, 768),
+    "deepseek": (256, 8, 7168, 2048),
+}
+"""name -> (experts, top_k, hidden, intermediate)."""
+
+Forward = Callable[[], torch.Tensor]
+
+
+def median_ms(fn: Forward, graph: bool) -> float:
+    """Median time of ``fn``: CUDA-graph replays (decode sizes) or do_bench."""
+    import triton.testing
+
+    if not graph:
+        return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(5):
+        g.replay()
+    times = []
+    for _ in range(30):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 10)
+    return statistics.median(times)
+
+
+def device_ceilings() -> tuple[float, float]:
+    """Copy bandwidth (bytes read + written, GB/s) and bf16 8192^3 matmul rate (TFLOP/s), measured now."""
+    src = torch.randn(2**30, device="cuda", dtype=torch.float32)  # 4 GiB
+    dst = torch.empty_like(src)
+    copy = median_ms(lambda: dst.copy_(src), graph=False)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm = median_ms(lambda: a @ b, graph=False)
+    del src, dst
+    return 2 * 4 * 2**30 / copy / 1e6, 2 * 8192**3 / mm / 1e9
+
+
+def grouped_mm_moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Sort, grouped mm, SiLU-and-mul, grouped mm, weighted combine: the plain-PyTorch MoE."""
+    tokens, top_k = ids.shape
+    experts = w13.shape[0]
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(experts, dtype=torch.int64, device=x.device).index_add_(0, flat.long(), torch.ones_like(flat, dtype=torch.int64))
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    xs = x[order // top_k]
+    h = torch._grouped_mm(xs, w13.transpose(-2, -1), offs=offs)
+    gate, up = h.chunk(2, dim=-1)
+    y = torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
+    y = y * weights.reshape(-1)[order, None].to(y.dtype)
+    out = torch.zeros(tokens * top_k, x.shape[1], dtype=y.dtype, device=x.device)
+    out[order] = y
+    return out.reshape(tokens, top_k, -1).sum(1)
+
+
+def _in_chunks(w: torch.Tensor, chunk: int = 16) -> Nvfp4ExpertWeights:
+    """``Nvfp4ExpertWeights.quantize`` a few experts at a time (its float32 temporaries are 8x the bf16 weights)."""
+    parts = [Nvfp4ExpertWeights.quantize(w[i : i + chunk]) for i in range(0, w.shape[0], chunk)]
+    return Nvfp4ExpertWeights(
+        torch.cat([p.packed for p in parts]),
+        LinearBlockScales.from_checkpoint(torch.cat([p.block_scales.data for p in parts])),
+        ExpertQuantizeGlobalScales.from_checkpoint(torch.cat([p.global_scales.value for p in parts])),
+    )
+
+
+def quantized(w13: torch.Tensor, w2: torch.Tensor) -> Nvfp4MoeWeights:
+    """The layer in NVFP4, gate and up with their own scales; the input scales are unused by W4A16."""
+    inter = w2.shape[2]
+    unused = QuantizeGlobalScale.from_amax(1.0).to(w13.device)
+    return Nvfp4MoeWeights(
+        w13=Nvfp4GateUpWeights(gate=_in_chunks(w13[:, :inter]), up=_in_chunks(w13[:, inter:])),
+        w2=_in_chunks(w2), w13_input_scale=unused, w2_input_scale=unused,
+    )
+
+
+def row(name: str, ms: float, flops: float, weight_bytes: float, ceilings: tuple[float, float], base: float | None) -> dict[str, object]:
+    bw, rate = ceilings
+    floor = max(weight_bytes / bw / 1e6, flops / rate / 1e9)
+    return {
+        "backend": name, "ms": ms, "tflops": flops / ms / 1e9, "gbs": weight_bytes / ms / 1e6,
+        "roofline": floor / ms, "vs_grouped_mm": None if base is None else base / ms,
+    }
+
+
+def bench_shape(name: str, token_counts: list[int], ceilings: tuple[float, float], gen: torch.Generator) -> list[dict[str, object]]:
+    experts, top_k, hidden, inter = SHAPES[name]
+    config = MoeRunnerConfig(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k)
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)).to("cuda", torch.bfloat16)
+    w2 = (torch.randn(experts, hidden, inter, generator=gen) / math.sqrt(inter)).to("cuda", torch.bfloat16)
+    dense = TritonDenseWeights(w13=w13, w2=w2)
+    nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2))
+    runners = {
+        "triton bf16": (create_runner(TRITON_DENSE, config), dense, 2.0),
+        "triton nvfp4 w4a16": (create_runner(TRITON_NVFP4_W4A16, config), nvfp4, 0.5 + 1 / 16),
+    }
+    rows = []
+    for tokens in token_counts:
+        x = torch.randn(tokens, hidden, generator=gen).to("cuda", torch.bfloat16)
+        topk = select_experts(torch.randn(tokens, experts, generator=gen).to("cuda"), config)
+        fast = TopKOutput(topk.topk_ids, topk.topk_weights, num_experts=experts, check_values=False)
+        dispatch = StandardDispatchOutput(x, fast)
+        hit = int(torch.unique(topk.topk_ids).numel())
+        flops = 6.0 * tokens * top_k * hidden * inter
+        graph = tokens <= 64
+        base = median_ms(lambda: grouped_mm_moe(x, topk.topk_ids, topk.topk_weights, w13, w2), graph)
+        table = [row("torch._grouped_mm", base, flops, hit * 3 * hidden * inter * 2.0, ceilings, base)]
+        reference_out = None
+        for label, (runner, quant_info, bytes_per_weight) in runners.items():
+            ms = median_ms(lambda: runner.run(dispatch, quant_info), graph)  # noqa: B023
+            table.append(row(label, ms, flops, hit * 3 * hidden * inter * bytes_per_weight, ceilings, base))
+        if tokens <= 16:
+            reference = create_runner(REFERENCE_DENSE, config)
+            ref_weights = DenseMoeWeights(w13=w13, w2=w2)
+            start = time.perf_counter()
+            reference_out = reference.run(dispatch, ref_weights)
+            torch.cuda.synchronize()
+            ref_ms = (time.perf_counter() - start) * 1e3
+            table.append(row("reference-dense", ref_ms, flops, hit * 3 * hidden * inter * 2.0, ceilings, base))
+            err = float((runners["triton bf16"][0].run(dispatch, dense).double() - reference_out.double()).norm() / reference_out.double().norm())
+            table[1]["rel_err_vs_reference"] = err
+        for entry in table:
+            entry.update(shape=name, tokens=tokens, experts_hit=hit)
+        rows += table
+        print(f"  {name} T={tokens}: " + ", ".join(f"{r['backend']} {r['ms']:.3f} ms" for r in table), flush=True)
+    return rows
+
+
+def host_overhead(gen: torch.Generator) -> dict[str, float]:
+    """Eager wall time of one T=1 call minus its graph-replay time (Mixtral shape, bf16)."""
+    experts, top_k, hidden, inter = SHAPES["mixtral"]
+    config = MoeRunnerConfig(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k)
+    w13 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16) / 64
+    w2 = torch.randn(experts, hidden, inter, device="cuda", dtype=torch.bfloat16) / 120
+    dense, runner = TritonDenseWeights(w13=w13, w2=w2), create_runner(TRITON_DENSE, config)
+    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+    topk = select_experts(torch.randn(1, experts, device="cuda"), config)
+    dispatch = StandardDispatchOutput(x, TopKOutput(topk.topk_ids, topk.topk_weights, num_experts=experts, check_values=False))
+    replay = median_ms(lambda: runner.run(dispatch, dense), graph=True)
+    eager = []
+    for _ in range(200):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        runner.run(dispatch, dense)
+        torch.cuda.synchronize()
+        eager.append((time.perf_counter() - start) * 1e3)
+    median = statistics.median(eager)
+    return {"eager_ms": median, "graph_ms": replay, "host_us": (median - replay) * 1e3}
+
+
+def print_table(rows: list[dict[str, object]]) -> None:
+    headers = ["shape", "T", "backend", "ms", "TFLOP/s", "GB/s", "roofline", "vs grouped_mm"]
+    lines = [headers]
+    for r in rows:
+        ratio = r["vs_grouped_mm"]
+        lines.append([
+            str(r["shape"]), str(r["tokens"]), str(r["backend"]), f"{r['ms']:.4f}", f"{r['tflops']:.1f}",
+            f"{r['gbs']:.0f}", f"{r['roofline']:.0%}", "-" if ratio is None else f"{ratio:.2f}x",
+        ])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(headers))]
+    for index, line in enumerate(lines):
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="mixtral,qwen3,deepseek")
+    parser.add_argument("--tokens", default="1,16,64,256,1024,4096,8192")
+    parser.add_argument("--host-overhead", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    gen = torch.Generator().manual_seed(0)
+    ceilings = device_ceilings()
+    print(f"{torch.cuda.get_device_name()}: copy {ceilings[0]:.0f} GB/s, bf16 matmul {ceilings[1]:.0f} TFLOP/s", flush=True)
+    rows = []
+    for name in args.shapes.split(","):
+        rows += bench_shape(name, [int(t) for t in args.tokens.split(",")], ceilings, gen)
+        torch.cuda.empty_cache()
+    result: dict[str, object] = {"device": torch.cuda.get_device_name(), "copy_gbs": ceilings[0], "matmul_tflops": ceilings[1], "rows": rows}
+    if args.host_overhead:
+        result["host_overhead"] = host_overhead(gen)
+        print(f"host overhead at T=1 (eager minus graph replay): {result['host_overhead']}")
+    print_table(rows)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Tune the Triton MoE kernels' block sizes on this GPU and write ``backends/triton/configs/<device>.json``.
+
+Run from the repository root on a CUDA GPU::
+
+    python benchmarks/tune_triton_moe.py [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096]
+        [--formats bf16,nvfp4] [--out PATH]
+
+For each layer shape, format and token count it sorts one random routing,
+times every candidate config of each GEMM alone (``triton.testing.do_bench``,
+median), keeps per row block the fastest of each GEMM and writes the row
+block with the smallest sum. A candidate that fails to compile or run is
+skipped. Entries for other shapes already in the file are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.bench_moe import SHAPES, quantized  # noqa: E402
+from moe_core import MoeRunnerConfig, select_experts  # noqa: E402
+from moe_core.backends.triton.configs import KernelConfig, device_file, layer_key  # noqa: E402
+from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights  # noqa: E402
+from moe_core.backends.triton.runner import Gemm, launch  # noqa: E402
+from moe_core.backends.triton.sorting import sort_tokens  # noqa: E402
+
+
+def candidates(rows_per_expert: float, k: int, fmt: str) -> dict[int, list[KernelConfig]]:
+    """Candidate configs by row block, narrowed to the regime (decode, middle, prefill)."""
+    if rows_per_expert <= 16:
+        block_ms, block_ns, block_ks, warps = [16], [64, 128], [128, 256], [4]
+    elif rows_per_expert <= 128:
+        block_ms, block_ns, block_ks, warps = [16, 64], [64, 128], [64, 128], [4]
+    else:
+        block_ms, block_ns, block_ks, warps = [64, 128], [128], [64], [4, 8]
+    out: dict[int, list[KernelConfig]] = {}
+    for block_m in block_ms:
+        out[block_m] = [
+            KernelConfig(block_m, block_n, block_k, 8 if block_m > 16 else 1, warp, stage)
+            for block_n, block_k, warp, stage in itertools.product(block_ns, block_ks, warps, [3, 4])
+            if k % block_k == 0
+        ]
+    return out
+
+
+def tune_gemm(run: Callable[[KernelConfig], float], configs: list[KernelConfig]) -> tuple[KernelConfig, float]:
+    """The fastest of ``configs`` by ``run``'s time, and that time."""
+    best: tuple[KernelConfig, float] | None = None
+    for config in configs:
+        try:
+            ms = run(config)
+        except Exception as error:  # a config may not compile or fit on this GPU: skip it
+            print(f"    skip {config}: {type(error).__name__}", flush=True)
+            continue
+        if best is None or ms < best[1]:
+            best = (config, ms)
+    assert best is not None, "no candidate ran"
+    return best
+
+
+def main() -> None:
+    import triton.testing
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="mixtral,qwen3,deepseek")
+    parser.add_argument("--tokens", default="1,16,64,1024,4096")
+    parser.add_argument("--formats", default="bf16,nvfp4")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    out_path = args.out or device_file(torch.cuda.get_device_name())
+    table = json.loads(out_path.read_text()) if out_path.exists() else {}
+    gen = torch.Generator().manual_seed(0)
+    for name in args.shapes.split(","):
+        experts, top_k, hidden, inter = SHAPES[name]
+        config = MoeRunnerConfig(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k)
+        w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)).to("cuda", torch.bfloat16)
+        w2 = (torch.randn(experts, hidden, inter, generator=gen) / math.sqrt(inter)).to("cuda", torch.bfloat16)
+        for fmt in args.formats.split(","):
+            if fmt == "bf16":
+                dense = TritonDenseWeights(w13=w13, w2=w2)
+                gemms = (lambda c: Gemm(dense.w13, None, None, inter, hidden, c), lambda c: Gemm(dense.w2, None, None, hidden, inter, c))
+            else:
+                q = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2))
+                gemms = (
+                    lambda c: Gemm(q.w13_packed, q.w13_block_scales.data, q.gate_up_dequant, inter, hidden, c),
+                    lambda c: Gemm(q.w2_packed, q.w2_block_scales.data, q.w2_scales.value, hidden, inter, c),
+                )
+            entries = table.setdefault(layer_key(experts, hidden, inter, top_k, fmt), {})
+            for tokens in (int(t) for t in args.tokens.split(",")):
+                x = torch.randn(tokens, hidden, generator=gen).to("cuda", torch.bfloat16)
+                topk = select_experts(torch.randn(tokens, experts, generator=gen).to("cuda"), config)
+                weights = topk.topk_weights.contiguous()
+                inter_out = torch.empty(tokens * top_k, inter, device="cuda", dtype=torch.bfloat16)
+                down = torch.empty(tokens * top_k, hidden, device="cuda", dtype=torch.bfloat16)
+                best_total: tuple[float, KernelConfig, KernelConfig] | None = None
+                for block_m, configs13 in candidates(tokens * top_k / experts, hidden, fmt).items():
+                    sorted_tokens = sort_tokens(topk.topk_ids, experts, 0, block_m)
+                    configs2 = candidates(tokens * top_k / experts, inter, fmt)[block_m]
+
+                    def time13(c: KernelConfig) -> float:
+                        fn = lambda: launch(x, gemms[0](c), inter_out, weights, sorted_tokens, top_k, True, 0)  # noqa: E731
+                        return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
+
+                    def time2(c: KernelConfig) -> float:
+                        fn = lambda: launch(inter_out, gemms[1](c), down, weights, sorted_tokens, top_k, False, 0)  # noqa: E731
+                        return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
+
+                    c13, ms13 = tune_gemm(time13, configs13)
+                    c2, ms2 = tune_gemm(time2, configs2)
+                    if best_total is None or ms13 + ms2 < best_total[0]:
+                        best_total = (ms13 + ms2, c13, c2)
+                assert best_total is not None
+                total, c13, c2 = best_total
+                entries[str(tokens)] = {"w13": c13.as_dict(), "w2": c2.as_dict(), "ms": round(total, 5)}
+                print(f"  {name} {fmt} T={tokens}: {total:.4f} ms  w13 {c13}  w2 {c2}", flush=True)
+                out_path.write_text(json.dumps(table, indent=1, sort_keys=True))
+    print(f"wrote {out_path}")
+
+
+if __name__ == "__main__":
+    main()
