@@ -192,11 +192,14 @@ def test_input_dtype_arithmetic_matches_compressed_tensors_on_half_precision(
 def test_float32_arithmetic_differs_from_compressed_tensors_on_half_precision(
     gen: torch.Generator, dtype: torch.dtype
 ) -> None:
-    w = (random_weight(gen, 128, 256) / 4).to(dtype)
-    ct = compressed_tensors_compress(w)
-    ours = Nvfp4ExpertWeights.quantize(w[None], ExpertQuantizeGlobalScales.from_checkpoint(ct["weight_global_scale"]))
-    # the same global scale, yet block scales rounded from float32 amax / 6 differ somewhere
-    assert not torch.equal(ours.block_scales.data[0].view(torch.uint8), ct["weight_scale"].view(torch.uint8))
+    """The choice matters: FLOAT32's global scale ``2688 / amax`` is rarely representable in the input's dtype.
+
+    (Block scales differ far more rarely: only where the rounding of ``amax / 6`` crosses an E4M3 step.)
+    """
+    w = torch.stack([random_weight(gen, 16, 64) / 4 for _ in range(8)]).to(dtype)
+    ours = Nvfp4ExpertWeights.quantize(w).global_scales.value
+    theirs = torch.cat([compressed_tensors_compress(w[e])["weight_global_scale"] for e in range(8)])
+    assert int((ours != theirs).sum()) >= 6
 
 
 def test_fp16_global_scale_overflow_falls_back_to_one_like_compressed_tensors() -> None:
