@@ -26,8 +26,8 @@ from moe_core import (
     Availability,
     BackendKey,
     Conversion,
-    DispatchOutput,
     MoeRunnerConfig,
+    Runner,
     register_backend,
 )
 from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights
@@ -60,38 +60,24 @@ def nvfp4_availability(device: torch.device) -> Availability:
     return _availability(device, (8, 9))
 
 
-class _DenseRunner:
-    """Builds the real runner on first use, so that importing this module needs no Triton."""
+def _dense_runner(config: MoeRunnerConfig) -> Runner[TritonDenseWeights]:
+    """The bf16/fp16 runner, imported on first use so that registering needs no Triton."""
+    from moe_core.backends.triton.runner import TritonDenseRunner
 
-    def __init__(self, config: MoeRunnerConfig) -> None:
-        from moe_core.backends.triton.runner import TritonDenseRunner
-
-        self._runner = TritonDenseRunner(config)
-        self.config = config
-
-    def run(self, dispatch: DispatchOutput, quant_info: TritonDenseWeights, /) -> torch.Tensor:
-        """See :class:`~moe_core.backends.triton.runner.TritonDenseRunner`."""
-        return self._runner.run(dispatch, quant_info)
+    return TritonDenseRunner(config)
 
 
-class _Nvfp4W4A16Runner:
-    """Builds the real runner on first use, so that importing this module needs no Triton."""
+def _nvfp4_w4a16_runner(config: MoeRunnerConfig) -> Runner[TritonNvfp4W4A16Weights]:
+    """The NVFP4 W4A16 runner, imported on first use so that registering needs no Triton."""
+    from moe_core.backends.triton.runner import TritonNvfp4W4A16Runner
 
-    def __init__(self, config: MoeRunnerConfig) -> None:
-        from moe_core.backends.triton.runner import TritonNvfp4W4A16Runner
-
-        self._runner = TritonNvfp4W4A16Runner(config)
-        self.config = config
-
-    def run(self, dispatch: DispatchOutput, quant_info: TritonNvfp4W4A16Weights, /) -> torch.Tensor:
-        """See :class:`~moe_core.backends.triton.runner.TritonNvfp4W4A16Runner`."""
-        return self._runner.run(dispatch, quant_info)
+    return TritonNvfp4W4A16Runner(config)
 
 
 TRITON_DENSE: BackendKey[TritonDenseWeights] = register_backend(
     "triton-dense",
     description="Triton fused MoE, bf16/fp16 weights (float32 canonical weights rounded to bf16)",
-    factory=_DenseRunner,
+    factory=_dense_runner,
     availability=dense_availability,
     conversions=[Conversion(DENSE, TritonDenseWeights.from_dense)],
 )
@@ -100,7 +86,7 @@ TRITON_DENSE: BackendKey[TritonDenseWeights] = register_backend(
 TRITON_NVFP4_W4A16: BackendKey[TritonNvfp4W4A16Weights] = register_backend(
     "triton-nvfp4-w4a16",
     description="Triton fused MoE, NVFP4 weights dequantized in the kernel, bf16/fp16 activations",
-    factory=_Nvfp4W4A16Runner,
+    factory=_nvfp4_w4a16_runner,
     availability=nvfp4_availability,
     conversions=[Conversion(NVFP4_W4A16, TritonNvfp4W4A16Weights.from_nvfp4)],
 )
