@@ -4,7 +4,8 @@ Tuned tables live in ``configs/<device>.json`` (written by
 ``benchmarks/tune_triton_moe.py``), keyed by the layer's ``E,H,I,top_k,format``
 (``format`` ``bf16``, ``fp16`` or ``nvfp4``), then by a token count, each entry
 holding both GEMMs' configs (``w13`` and ``w2``, one ``block_m``: the tokens
-are sorted once); a call takes the entry of the nearest tuned token count.
+are sorted once); a call takes the entry of the nearest tuned token count
+within one doubling (:data:`MAX_TUNED_DISTANCE`).
 Untuned shapes and devices use :func:`heuristic`.
 """
 
@@ -12,12 +13,16 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 from typing import final
 
 import attrs
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+MAX_TUNED_DISTANCE = 1.0
+"""A tuned entry serves token counts within this many doublings of its own; farther ones use the heuristic
+(seen on the H200: Mixtral T=256 with T=64's 16-row blocks ran at 0.44x of torch._grouped_mm)."""
 
 
 @final
@@ -93,7 +98,8 @@ def choose(
 ) -> tuple[KernelConfig, KernelConfig]:
     """The tuned ``(w13, w2)`` configs of this layer nearest to ``tokens``, else :func:`heuristic`."""
     entries = None if interpreted else _table(device_name).get(layer_key(experts, hidden, inter, top_k, fmt))
-    if not entries:
-        return heuristic(tokens, top_k, experts, hidden, inter, fmt, interpreted)
-    nearest = entries[min(entries, key=lambda count: abs(int(count) - tokens))]
-    return KernelConfig(**nearest["w13"]), KernelConfig(**nearest["w2"])
+    if entries:
+        count = min(entries, key=lambda tuned: abs(math.log2(int(tuned) / tokens)))
+        if abs(math.log2(int(count) / tokens)) <= MAX_TUNED_DISTANCE:
+            return KernelConfig(**entries[count]["w13"]), KernelConfig(**entries[count]["w2"])
+    return heuristic(tokens, top_k, experts, hidden, inter, fmt, interpreted)
