@@ -113,6 +113,14 @@ def grouped_mm_moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w1
     return out.reshape(tokens, top_k, -1).sum(1)
 
 
+def random_weights(name: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` of shape ``name`` on the GPU, N(0, 1/fan_in)."""
+    experts, _, hidden, inter = SHAPES[name]
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)).to("cuda", torch.bfloat16)
+    w2 = (torch.randn(experts, hidden, inter, generator=gen) / math.sqrt(inter)).to("cuda", torch.bfloat16)
+    return w13, w2
+
+
 def _in_chunks(w: torch.Tensor, chunk: int = 16) -> Nvfp4ExpertWeights:
     """``Nvfp4ExpertWeights.quantize`` a few experts at a time (its float32 temporaries are 8x the bf16 weights)."""
     parts = [Nvfp4ExpertWeights.quantize(w[i : i + chunk]) for i in range(0, w.shape[0], chunk)]
@@ -145,8 +153,7 @@ def row(name: str, ms: float, flops: float, weight_bytes: float, ceilings: tuple
 def bench_shape(name: str, token_counts: list[int], ceilings: tuple[float, float], gen: torch.Generator) -> list[dict[str, object]]:
     experts, top_k, hidden, inter = SHAPES[name]
     config = MoeRunnerConfig(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k)
-    w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)).to("cuda", torch.bfloat16)
-    w2 = (torch.randn(experts, hidden, inter, generator=gen) / math.sqrt(inter)).to("cuda", torch.bfloat16)
+    w13, w2 = random_weights(name, gen)
     dense = TritonDenseWeights(w13=w13, w2=w2)
     nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2))
     runners = {
@@ -189,8 +196,7 @@ def host_overhead(gen: torch.Generator) -> dict[str, float]:
     """Eager wall time of one T=1 call minus its graph-replay time (Mixtral shape, bf16)."""
     experts, top_k, hidden, inter = SHAPES["mixtral"]
     config = MoeRunnerConfig(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k)
-    w13 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16) / 64
-    w2 = torch.randn(experts, hidden, inter, device="cuda", dtype=torch.bfloat16) / 120
+    w13, w2 = random_weights("mixtral", gen)
     dense, runner = TritonDenseWeights(w13=w13, w2=w2), create_runner(TRITON_DENSE, config)
     x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
     topk = select_experts(torch.randn(1, experts, device="cuda"), config)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,11 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_moe import SHAPES, quantized  # noqa: E402
+from benchmarks.bench_moe import SHAPES, quantized, random_weights  # noqa: E402
 from moe_core import MoeRunnerConfig, select_experts  # noqa: E402
 from moe_core.backends.triton.configs import KernelConfig, device_file, layer_key  # noqa: E402
 from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights  # noqa: E402
-from moe_core.backends.triton.runner import Gemm, launch  # noqa: E402
+from moe_core.backends.triton.runner import Gemm, dense_gemms, launch, nvfp4_w4a16_gemms  # noqa: E402
 from moe_core.backends.triton.sorting import sort_tokens  # noqa: E402
 
 
@@ -82,18 +81,17 @@ def main() -> None:
     for name in args.shapes.split(","):
         experts, top_k, hidden, inter = SHAPES[name]
         config = MoeRunnerConfig(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k)
-        w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)).to("cuda", torch.bfloat16)
-        w2 = (torch.randn(experts, hidden, inter, generator=gen) / math.sqrt(inter)).to("cuda", torch.bfloat16)
+        w13, w2 = random_weights(name, gen)
         for fmt in args.formats.split(","):
-            if fmt == "bf16":
-                dense = TritonDenseWeights(w13=w13, w2=w2)
-                gemms = (lambda c: Gemm(dense.w13, None, None, inter, hidden, c), lambda c: Gemm(dense.w2, None, None, hidden, inter, c))
-            else:
-                q = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2))
-                gemms = (
-                    lambda c: Gemm(q.w13_packed, q.w13_block_scales.data, q.gate_up_dequant, inter, hidden, c),
-                    lambda c: Gemm(q.w2_packed, q.w2_block_scales.data, q.w2_scales.value, hidden, inter, c),
-                )
+            quant_info: TritonDenseWeights | TritonNvfp4W4A16Weights = (
+                TritonDenseWeights(w13=w13, w2=w2) if fmt == "bf16" else TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2))
+            )
+
+            def gemm(index: int, c: KernelConfig) -> Gemm:
+                if isinstance(quant_info, TritonDenseWeights):
+                    return dense_gemms(quant_info, c, c)[index]
+                return nvfp4_w4a16_gemms(quant_info, c, c)[index]
+
             entries = table.setdefault(layer_key(experts, hidden, inter, top_k, fmt), {})
             for tokens in (int(t) for t in args.tokens.split(",")):
                 x = torch.randn(tokens, hidden, generator=gen).to("cuda", torch.bfloat16)
@@ -107,11 +105,11 @@ def main() -> None:
                     configs2 = candidates(tokens * top_k / experts, inter, fmt)[block_m]
 
                     def time13(c: KernelConfig) -> float:
-                        fn = lambda: launch(x, gemms[0](c), inter_out, weights, sorted_tokens, top_k, True, 0)  # noqa: E731
+                        fn = lambda: launch(x, gemm(0, c), inter_out, weights, sorted_tokens, top_k, True, 0)  # noqa: E731
                         return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
 
                     def time2(c: KernelConfig) -> float:
-                        fn = lambda: launch(inter_out, gemms[1](c), down, weights, sorted_tokens, top_k, False, 0)  # noqa: E731
+                        fn = lambda: launch(inter_out, gemm(1, c), down, weights, sorted_tokens, top_k, False, 0)  # noqa: E731
                         return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
 
                     c13, ms13 = tune_gemm(time13, configs13)

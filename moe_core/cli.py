@@ -25,10 +25,15 @@ from moe_core.checkpoint import MoeCheckpoint
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput
 from moe_core.moe_weights import DenseMoeWeights, Nvfp4MoeWeights
-from moe_core.registry import BackendSelectionError, select_backend
+from moe_core.registry import (
+    ENTRY_POINT_GROUP,
+    BackendSelectionError,
+    load_entry_point_backends,
+    registered_backends,
+    select_backend,
+)
 from moe_core.routing import select_experts
 from moe_core.schemes import SCHEMES
-from moe_core.registry import ENTRY_POINT_GROUP, load_entry_point_backends, registered_backends
 from moe_core.synthetic import random_dense_layer
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -52,24 +57,22 @@ def _device(text: str) -> torch.device:
         raise argparse.ArgumentTypeError(f"expected a torch device, got {text!r} ({error})") from None
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(text: str, minimum: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def _multiple_of_16(text: str) -> int:
@@ -199,10 +202,12 @@ def _check_checkpoint(args: argparse.Namespace, plugin_errors: dict[str, str]) -
     x = torch.randn(args.tokens, config.hidden_size, generator=gen).to(DTYPES[args.dtype]).to(args.device)
     logits = x.float() @ checkpoint.router_weight(layer).to(args.device).float().T
     dispatch = StandardDispatchOutput(x, select_experts(logits, config))
-    dense = weights if isinstance(weights, DenseMoeWeights) else None
-    dequantized = weights.dequantize() if isinstance(weights, Nvfp4MoeWeights) else None
-    source = dense or dequantized
-    if source is None:
+    dequantized: DenseMoeWeights | None = None
+    if isinstance(weights, Nvfp4MoeWeights):
+        dequantized = source = weights.dequantize()
+    elif isinstance(weights, DenseMoeWeights):
+        source = weights
+    else:
         print(f"moe-core check: cannot dequantize {type(weights).__name__}", file=sys.stderr)
         return 2
     run = CheckRun(config, source, dispatch, registered_backends(), args.tolerance, args.iters, _progress)

@@ -7,6 +7,7 @@ forward can be captured in a CUDA graph and replayed.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import final
 
@@ -28,7 +29,9 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@functools.cache
 def _device_name(device: torch.device) -> str:
+    """The name the tuned tables are keyed by, asked once per device (not on every forward)."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
@@ -96,6 +99,21 @@ def _configs(config: MoeRunnerConfig, dispatch: DispatchOutput, fmt: str) -> tup
     )
 
 
+def dense_gemms(quant_info: TritonDenseWeights, w13: KernelConfig, w2: KernelConfig) -> tuple[Gemm, Gemm]:
+    """The two GEMM launches of dense weights under the given block sizes."""
+    inter, hidden = quant_info.intermediate_size, quant_info.hidden_size
+    return Gemm(quant_info.w13, None, None, inter, hidden, w13), Gemm(quant_info.w2, None, None, hidden, inter, w2)
+
+
+def nvfp4_w4a16_gemms(quant_info: TritonNvfp4W4A16Weights, w13: KernelConfig, w2: KernelConfig) -> tuple[Gemm, Gemm]:
+    """The two GEMM launches of NVFP4 W4A16 weights under the given block sizes."""
+    inter, hidden = quant_info.intermediate_size, quant_info.hidden_size
+    return (
+        Gemm(quant_info.w13_packed, quant_info.w13_block_scales.data, quant_info.gate_up_dequant, inter, hidden, w13),
+        Gemm(quant_info.w2_packed, quant_info.w2_block_scales.data, quant_info.w2_scales.value, hidden, inter, w2),
+    )
+
+
 @final
 @attrs.frozen
 class TritonDenseRunner:
@@ -107,13 +125,7 @@ class TritonDenseRunner:
         """The ``[T, H]`` MoE output in the activations' dtype."""
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
         fmt = "bf16" if quant_info.w13.dtype == torch.bfloat16 else "fp16"
-        c13, c2 = _configs(self.config, dispatch, fmt)
-        inter, hidden = self.config.intermediate_size_per_partition, self.config.hidden_size
-        return fused_moe(
-            self.config, dispatch,
-            Gemm(quant_info.w13, None, None, inter, hidden, c13),
-            Gemm(quant_info.w2, None, None, hidden, inter, c2),
-        )
+        return fused_moe(self.config, dispatch, *dense_gemms(quant_info, *_configs(self.config, dispatch, fmt)))
 
 
 @final
@@ -126,10 +138,4 @@ class TritonNvfp4W4A16Runner:
     def run(self, dispatch: DispatchOutput, quant_info: TritonNvfp4W4A16Weights, /) -> torch.Tensor:
         """The ``[T, H]`` MoE output in the activations' dtype."""
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
-        c13, c2 = _configs(self.config, dispatch, "nvfp4")
-        inter, hidden = self.config.intermediate_size_per_partition, self.config.hidden_size
-        return fused_moe(
-            self.config, dispatch,
-            Gemm(quant_info.w13_packed, quant_info.w13_block_scales.data, quant_info.gate_up_dequant, inter, hidden, c13),
-            Gemm(quant_info.w2_packed, quant_info.w2_block_scales.data, quant_info.w2_scales.value, hidden, inter, c2),
-        )
+        return fused_moe(self.config, dispatch, *nvfp4_w4a16_gemms(quant_info, *_configs(self.config, dispatch, "nvfp4")))
