@@ -119,6 +119,11 @@ def output_problem(out: object, dispatch: StandardDispatchOutput) -> str | None:
     return None
 
 
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``||actual - expected|| / ||expected||`` in float64 (the first of :func:`errors`)."""
+    return errors(actual, expected)[0]
+
+
 def errors(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
     """Relative l2 error and max abs error of ``actual`` against ``expected``, in float64."""
     diff = actual.detach().cpu().double() - expected.cpu().double()

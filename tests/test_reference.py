@@ -17,13 +17,10 @@ from moe_core import (
     TopKOutput,
     create_runner,
 )
+from moe_core.check import relative_error
 from moe_core.float64_moe import float64_moe
 from moe_core.synthetic import random_nvfp4_layer
 from tests.devices import DEVICES
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((actual.cpu().double() - expected).norm() / expected.norm())
 
 
 def layer(
@@ -68,7 +65,7 @@ def test_nvfp4_matches_float64_w4a4(gen: torch.Generator, config: MoeRunnerConfi
     # FP4 midpoint to neighbouring codes: seen in 1 of 2000 seeded runs, moving that
     # one token by 2.9%. Every other token agrees to 1e-5 (seen: 1e-7).
     assert int((per_token > 1e-5).sum()) <= 1, per_token
-    assert rel_err(out, expected) < 5e-2
+    assert relative_error(out, expected) < 5e-2
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -81,7 +78,7 @@ def test_nvfp4_activation_quantization_error_is_bounded(gen: torch.Generator, co
 
     # Against the same dequantized weights with unquantized activations, only the
     # two FP4 activation round trips differ (seen: 0.14 to 0.18 over 20 seeds).
-    assert 0.05 < rel_err(out, float64_moe(config, dispatch, w13, w2)) < 0.25
+    assert 0.05 < relative_error(out, float64_moe(config, dispatch, w13, w2)) < 0.25
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -92,7 +89,7 @@ def test_dense_matches_float64(gen: torch.Generator, config: MoeRunnerConfig, de
 
     out = create_runner(REFERENCE_DENSE, config).run(dispatch, dense)
 
-    assert rel_err(out, float64_moe(config, dispatch, dense.w13, dense.w2)) < 1e-5
+    assert relative_error(out, float64_moe(config, dispatch, dense.w13, dense.w2)) < 1e-5
 
 
 def test_dense_bf16_activations_and_weights(gen: torch.Generator) -> None:
@@ -103,7 +100,7 @@ def test_dense_bf16_activations_and_weights(gen: torch.Generator) -> None:
     out = create_runner(REFERENCE_DENSE, config).run(dispatch, dense)
 
     assert out.dtype == torch.bfloat16
-    assert rel_err(out, float64_moe(config, dispatch, dense.w13, dense.w2)) < 1e-2
+    assert relative_error(out, float64_moe(config, dispatch, dense.w13, dense.w2)) < 1e-2
 
 
 def test_tokens_routed_elsewhere_give_zero(gen: torch.Generator) -> None:

@@ -33,6 +33,7 @@ from moe_core import (
     select_experts,
 )
 from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
+from moe_core.check import relative_error
 from moe_core.checkpoint import MoeCheckpoint
 from moe_core.float64_moe import float64_moe
 from moe_core.moe_weights import DenseMoeWeights
@@ -45,11 +46,6 @@ from tests.checkpoint_oracles import BF16, CT_NVFP4, CT_SPLIT, MODELOPT, block_o
 BF16_OUTPUT = 4e-3
 ACTIVATION_QUANTIZATION = (0.05, 0.25)
 LAYERS = (0, 1)
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    diff = actual.double() - expected.double()
-    return float(diff.norm() / expected.double().norm())
 
 
 def routed_batch(checkpoint: MoeCheckpoint, scheme: ExpertScheme[Nvfp4MoeWeights] | ExpertScheme[DenseMoeWeights],
@@ -113,16 +109,16 @@ def test_nvfp4_layer_matches_decompressed_checkpoint_through_a_float_moe(
     w13, w2 = expert_weights(directory, layer, decompress)
     # the same weights without activation quantization (W4A16): only the float32 math and bf16 output differ
     dense = create_runner(REFERENCE_DENSE, scheme.config).run(dispatch, DenseMoeWeights(w13=w13, w2=w2))
-    assert rel_err(dense, float64_moe(scheme.config, dispatch, w13, w2)) < BF16_OUTPUT
+    assert relative_error(dense, float64_moe(scheme.config, dispatch, w13, w2)) < BF16_OUTPUT
     # W4A4 with the checkpoint's collapsed input scales, in float64 on the canonical weights
     w4a4 = float64_moe(
         scheme.config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(),
         (weights.w13_input_scale, weights.w2_input_scale),
     )
-    assert rel_err(out, w4a4) < BF16_OUTPUT
+    assert relative_error(out, w4a4) < BF16_OUTPUT
     # and against the independently decompressed weights through a plain float MoE: activation quantization only
     low, high = ACTIVATION_QUANTIZATION
-    assert low < rel_err(out, float64_moe(scheme.config, dispatch, w13, w2)) < high
+    assert low < relative_error(out, float64_moe(scheme.config, dispatch, w13, w2)) < high
 
 
 def test_modelopt_weights_are_its_dequantization_formula() -> None:
@@ -148,7 +144,7 @@ def test_gate_up_collapsed_to_gate_scale_is_caught_on_the_split_fixture(gen: tor
         w2_input_scale=weights.w2_input_scale,
     )
     wrong = create_runner(REFERENCE_NVFP4, scheme.config).run(dispatch, collapsed)
-    assert rel_err(wrong, float64_moe(scheme.config, dispatch, w13, w2)) > ACTIVATION_QUANTIZATION[1]
+    assert relative_error(wrong, float64_moe(scheme.config, dispatch, w13, w2)) > ACTIVATION_QUANTIZATION[1]
 
 
 def test_tiny_expert_keeps_its_weights_and_its_w4a4_activations_underflow_the_shared_scale(
@@ -172,7 +168,7 @@ def test_tiny_expert_keeps_its_weights_and_its_w4a4_activations_underflow_the_sh
     expected_w4a16 = float64_moe(scheme.config, dispatch, w13, w2)
     assert 0 < float(expected_w4a16.abs().max()) < 1e-4
     w4a16 = create_runner(REFERENCE_DENSE, scheme.config).run(dispatch, weights.dequantize())
-    assert rel_err(w4a16, expected_w4a16) < BF16_OUTPUT
+    assert relative_error(w4a16, expected_w4a16) < BF16_OUTPUT
     w4a4_oracle = float64_moe(
         scheme.config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(),
         (weights.w13_input_scale, weights.w2_input_scale),
@@ -191,7 +187,7 @@ def test_unquantized_layer_matches_transformers_moe_block(layer: int, gen: torch
     dispatch = routed_batch(checkpoint, scheme, layer, 37, gen)
     with torch.no_grad():
         expected = model.model.layers[layer].mlp(dispatch.hidden_states.float()[None])[0]
-    assert rel_err(scheme.apply(dispatch), expected) < BF16_OUTPUT
+    assert relative_error(scheme.apply(dispatch), expected) < BF16_OUTPUT
 
 
 def test_llmcompressor_checkpoint_is_our_input_dtype_quantization_of_its_bf16_source() -> None:

@@ -34,6 +34,7 @@ from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4_W4A16
 from moe_core.backends.triton import TRITON_DENSE, TRITON_NVFP4_W4A16
 from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights
 from moe_core.backends.triton.sorting import sort_tokens
+from moe_core.check import relative_error
 from moe_core.synthetic import quantize_nvfp4_layer
 
 CUDA = torch.cuda.is_available()
@@ -54,11 +55,6 @@ REAL = [
     (8192, 8, 2, 4096, 14336, 8, 0),
 ]
 SHAPES = REAL if CUDA else SMALL
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    diff = actual.double() - expected.double()
-    return float(diff.norm() / expected.double().norm())
 
 
 def make_layer(
@@ -89,7 +85,7 @@ def test_dense_matches_reference(gen: torch.Generator, shape: tuple[int, ...], d
         dispatch, DenseMoeWeights(w13=kernel_weights.w13, w2=kernel_weights.w2)
     )
     assert out.shape == dispatch.hidden_states.shape and out.dtype == dispatch.hidden_states.dtype
-    assert rel_err(out, expected) < TOLERANCE[dtype]
+    assert relative_error(out, expected) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"T{s[0]}-E{s[1]}-k{s[2]}-H{s[3]}-I{s[4]}-local{s[5]}" for s in SHAPES])
@@ -100,7 +96,7 @@ def test_nvfp4_w4a16_matches_reference(gen: torch.Generator, shape: tuple[int, .
     assert not torch.equal(weights.w13.gate.global_scales.value, weights.w13.up.global_scales.value)
     out = create_runner(TRITON_NVFP4_W4A16, config).run(dispatch, TritonNvfp4W4A16Weights.from_nvfp4(weights))
     expected = create_runner(REFERENCE_NVFP4_W4A16, config).run(dispatch, weights)
-    assert rel_err(out, expected) < TOLERANCE[dtype]
+    assert relative_error(out, expected) < TOLERANCE[dtype]
 
 
 def test_gelu_and_uneven_k(gen: torch.Generator) -> None:
@@ -108,7 +104,7 @@ def test_gelu_and_uneven_k(gen: torch.Generator) -> None:
     kernel_weights = TritonDenseWeights.from_dense(weights)
     out = create_runner(TRITON_DENSE, config).run(dispatch, kernel_weights)
     expected = create_runner(REFERENCE_DENSE, config).run(dispatch, DenseMoeWeights(w13=kernel_weights.w13, w2=kernel_weights.w2))
-    assert rel_err(out, expected) < TOLERANCE[DTYPES[0]]
+    assert relative_error(out, expected) < TOLERANCE[DTYPES[0]]
 
 
 @pytest.mark.parametrize("routing", ["all-on-one-expert", "expert-without-tokens", "all-elsewhere"])
@@ -129,7 +125,7 @@ def test_odd_routings(gen: torch.Generator, routing: str) -> None:
     if routing == "all-elsewhere":
         assert torch.count_nonzero(out) == 0  # nothing routed to this rank's experts contributes
     else:
-        assert rel_err(out, expected) < TOLERANCE[DTYPES[0]]
+        assert relative_error(out, expected) < TOLERANCE[DTYPES[0]]
 
 
 @pytest.mark.parametrize(("tokens", "top_k", "experts", "local", "offset", "block_m"), [
