@@ -12,7 +12,6 @@ from moe_core import (
     DenseMoeWeights,
     MoeRunnerConfig,
     Nvfp4MoeWeights,
-    QuantizeGlobalScale,
     StandardDispatchOutput,
     TopKOutput,
     create_runner,
