@@ -10,8 +10,11 @@ Tolerances (relative l2 over the layer's bf16 output):
 - ``BF16_OUTPUT`` = 4e-3 (half a bf16 epsilon): the same weights computed in
   float32 and float64; measured 1.6e-3 to 1.7e-3.
 - ``ACTIVATION_QUANTIZATION`` = (0.05, 0.25): W4A4 against the same weights
-  with unquantized activations; measured 0.13 to 0.19. The gate/up
-  ``[:, 0]`` collapse on the split fixture measured 0.37.
+  with unquantized activations, on a batch of at least ``BAND_TOKENS`` = 37
+  tokens: measured 0.151 to 0.197 over 150 draws per fixture and layer
+  (a single token spreads 0.10 to 0.27, so it is not checked against the
+  band). The gate/up ``[:, 0]`` collapse on the split fixture (64 tokens)
+  measured 0.37.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from tests.checkpoint_oracles import BF16, CT_NVFP4, CT_SPLIT, MODELOPT, block_o
 
 BF16_OUTPUT = 4e-3
 ACTIVATION_QUANTIZATION = (0.05, 0.25)
+BAND_TOKENS = 37
 LAYERS = (0, 1)
 
 
@@ -116,9 +120,11 @@ def test_nvfp4_layer_matches_decompressed_checkpoint_through_a_float_moe(
         (weights.w13_input_scale, weights.w2_input_scale),
     )
     assert relative_error(out, w4a4) < BF16_OUTPUT
-    # and against the independently decompressed weights through a plain float MoE: activation quantization only
-    low, high = ACTIVATION_QUANTIZATION
-    assert low < relative_error(out, float64_moe(scheme.config, dispatch, w13, w2)) < high
+    # and against the independently decompressed weights through a plain float MoE: activation quantization only,
+    # a statistic of many tokens (one token's error spreads wider, see ACTIVATION_QUANTIZATION)
+    if tokens >= BAND_TOKENS:
+        low, high = ACTIVATION_QUANTIZATION
+        assert low < relative_error(out, float64_moe(scheme.config, dispatch, w13, w2)) < high
 
 
 def test_modelopt_weights_are_its_dequantization_formula() -> None:
