@@ -1,0 +1,127 @@
+"""What the FlashInfer backends share: finding the package, telling why it cannot run, probing its signatures.
+
+FlashInfer's public functions are typed ``Any`` (a decorator erases them), and
+their signatures grew between releases (tail arguments added, some removed,
+enums renumbered). So each backend calls FlashInfer from one adapter module,
+through its own typed Protocol of each function; the adapter passes the
+stable head of arguments by position and the rest by keyword, checks once
+with :func:`require_parameters` that the installed function takes them, and
+names enum members, never their numbers.
+
+Nothing here imports FlashInfer: availability must answer quickly, and on
+machines without it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import inspect
+from collections.abc import Callable, Collection, Iterable
+
+import attrs
+import torch
+
+from moe_core import Availability
+from moe_core._checks import require_dtype, require_ndim, require_positive, require_tensor
+
+DISTRIBUTION = "flashinfer-python"
+"""The package the ``flashinfer`` extra installs."""
+
+SUPPORTED = ">=0.6.18,<0.8"
+"""The versions the adapters are written and tested against (0.6.18 on the H200, 0.7.4 in CI)."""
+
+
+class FlashinferApiError(RuntimeError):
+    """The installed FlashInfer lacks an argument or function an adapter needs."""
+
+
+class BackendUnavailableError(RuntimeError):
+    """A FlashInfer runner was asked for where its backend cannot run; the message gives every reason."""
+
+
+def require_available(name: str, availability: Callable[[torch.device], Availability]) -> None:
+    """Raise :class:`BackendUnavailableError` unless backend ``name`` runs on the current device.
+
+    Runner factories call it, so ``create_runner`` says why (compute capability,
+    missing package, cubins) instead of failing inside a kernel launch.
+    """
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    verdict = availability(device)
+    if not verdict.ok:
+        raise BackendUnavailableError(f"{name} cannot run on {device}: {'; '.join(verdict.reasons)}")
+
+
+def installed_version() -> str | None:
+    """The installed ``flashinfer-python`` version, or None (reads metadata only; imports nothing)."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _format_capability(capability: tuple[int, int]) -> str:
+    return f"SM{capability[0]}{capability[1]}"
+
+
+def device_reasons(device: torch.device, capabilities: Collection[tuple[int, int]], *, minimum: bool) -> list[str]:
+    """Why FlashInfer kernels built for ``capabilities`` cannot run on ``device`` (empty when they can).
+
+    ``minimum`` reads ``capabilities`` as one lower bound (``{(9, 0)}``: SM90
+    and later) instead of the exact list the kernels are built for.
+    """
+    reasons = []
+    if importlib.util.find_spec("flashinfer") is None:
+        reasons.append(f"flashinfer is not installed (pip install 'moe-core[flashinfer]', {DISTRIBUTION}{SUPPORTED})")
+    wanted = (
+        f"{_format_capability(min(capabilities))} or later"
+        if minimum
+        else " or ".join(_format_capability(c) for c in sorted(capabilities))
+    )
+    if device.type != "cuda":
+        reasons.append(f"needs a CUDA GPU of {wanted}, not {device.type}")
+    elif not torch.cuda.is_available():
+        reasons.append(f"needs a CUDA GPU of {wanted}; torch sees none")
+    else:
+        found = torch.cuda.get_device_capability(device)
+        fits = found >= min(capabilities) if minimum else found in capabilities
+        if not fits:
+            reasons.append(f"needs {wanted}, found {_format_capability(found)} ({torch.cuda.get_device_name(device)})")
+    return reasons
+
+
+def require_parameters(function: Callable[..., object], qualname: str, needed: Iterable[str]) -> frozenset[str]:
+    """The installed ``function``'s parameter names; :class:`FlashinferApiError` if any of ``needed`` is missing."""
+    parameters = frozenset(inspect.signature(function).parameters)
+    missing = [name for name in needed if name not in parameters]
+    if missing:
+        raise FlashinferApiError(
+            f"{qualname} of the installed flashinfer {installed_version()} takes no {', '.join(missing)}; "
+            f"moe-core's adapter supports {DISTRIBUTION}{SUPPORTED}"
+        )
+    return parameters
+
+
+@attrs.frozen(eq=False)
+class ExpertKernelScalars:
+    """Base of the per-expert float32 ``[local_num_experts]`` scalars FlashInfer's kernels multiply by.
+
+    Each kernel argument of this kind is its own subclass with named
+    constructors from typed global scales, so neither a raw tensor nor one
+    scalar in place of another can be handed to a quant info.
+    """
+
+    value: torch.Tensor = attrs.field(alias="_value", kw_only=True)
+    """float32 ``[local_num_experts]``, finite and > 0 (read it; never write to it)."""
+
+    def __attrs_post_init__(self) -> None:
+        name = f"{type(self).__name__}.value"
+        require_tensor(name, self.value)
+        require_dtype(name, self.value, (torch.float32,))
+        require_ndim(name, self.value, 1, "[local_num_experts]")
+        require_positive(name, self.value)
+
+    @property
+    def num_experts(self) -> int:
+        """Local experts covered."""
+        return int(self.value.shape[0])

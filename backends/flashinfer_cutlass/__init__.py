@@ -1,0 +1,71 @@
+"""FlashInfer's CUTLASS fused MoE: bf16/fp16 experts on SM90 and later, NVFP4 W4A4 on SM100/SM110/SM120.
+
+:mod:`.quant_info` holds one quant info per format, built once from the
+canonical weights; :mod:`.runner` calls the kernel; :mod:`.kernel` is the one
+module that touches FlashInfer. Registering imports no FlashInfer.
+
+On SM90 FlashInfer compiles the kernel's module at first use (just-in-time,
+with nvcc; about 35 minutes for the stock module on 16 cores) unless a
+prebuilt one is installed; the FP4 kernels need Blackwell.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_core import DENSE, NVFP4, Availability, BackendKey, Conversion, MoeRunnerConfig, Runner, register_backend
+from moe_core.backends._flashinfer import device_reasons, require_available
+from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassNvfp4Weights
+
+DENSE_CAPABILITY = (9, 0)
+"""The bf16 grouped GEMMs run on SM90 and later."""
+
+NVFP4_CAPABILITIES = ((10, 0), (10, 3), (11, 0), (12, 0), (12, 1))
+"""The compute capabilities FlashInfer builds the CUTLASS FP4 MoE for."""
+
+
+def bf16_availability(device: torch.device) -> Availability:
+    """FlashInfer installed and a CUDA GPU of SM90 or later."""
+    return Availability(tuple(device_reasons(device, (DENSE_CAPABILITY,), minimum=True)))
+
+
+def nvfp4_availability(device: torch.device) -> Availability:
+    """FlashInfer installed and a Blackwell GPU (SM100/SM103/SM110/SM120/SM121)."""
+    return Availability(tuple(device_reasons(device, NVFP4_CAPABILITIES, minimum=False)))
+
+
+def _bf16_runner(config: MoeRunnerConfig) -> Runner[CutlassBf16Weights]:
+    """The bf16 runner over FlashInfer's kernel; refuses where the backend cannot run."""
+    require_available("flashinfer-cutlass-bf16", bf16_availability)
+    from moe_core.backends.flashinfer_cutlass.kernel import load_kernels
+    from moe_core.backends.flashinfer_cutlass.runner import CutlassRunner
+
+    return CutlassRunner[CutlassBf16Weights](config, kernels=load_kernels())
+
+
+def _nvfp4_runner(config: MoeRunnerConfig) -> Runner[CutlassNvfp4Weights]:
+    """The NVFP4 runner over FlashInfer's kernel; refuses where the backend cannot run."""
+    require_available("flashinfer-cutlass-nvfp4", nvfp4_availability)
+    from moe_core.backends.flashinfer_cutlass.kernel import load_kernels
+    from moe_core.backends.flashinfer_cutlass.runner import CutlassRunner
+
+    return CutlassRunner[CutlassNvfp4Weights](config, kernels=load_kernels())
+
+
+FLASHINFER_CUTLASS_BF16: BackendKey[CutlassBf16Weights] = register_backend(
+    "flashinfer-cutlass-bf16",
+    description="FlashInfer CUTLASS fused MoE, bf16/fp16 weights (SM90+)",
+    factory=_bf16_runner,
+    availability=bf16_availability,
+    conversions=[Conversion(DENSE, CutlassBf16Weights.from_dense)],
+)
+"""bf16/fp16 experts through ``cutlass_fused_moe``."""
+
+FLASHINFER_CUTLASS_NVFP4: BackendKey[CutlassNvfp4Weights] = register_backend(
+    "flashinfer-cutlass-nvfp4",
+    description="FlashInfer CUTLASS fused MoE, NVFP4 W4A4, one FC1 alpha (w1/w3 scales reconciled) (SM100/SM110/SM120)",
+    factory=_nvfp4_runner,
+    availability=nvfp4_availability,
+    conversions=[Conversion(NVFP4, CutlassNvfp4Weights.from_nvfp4_rescaled)],
+)
+"""NVFP4 W4A4 experts through ``cutlass_fused_moe``."""

@@ -1,0 +1,249 @@
+"""The CUTLASS fused-MoE kernel's quant infos, one per weight format.
+
+FC1 rows are ``[up; gate]`` for this kernel (FlashInfer's
+``tests/moe/test_trtllm_cutlass_fused_moe.py``, ``compute_with_experts``:
+``w3_expert, w1_expert = torch.chunk(w31_weight, 2)``; measured on the H200,
+``../shared/flashinfer-h200``: the other order gives a relative error of 0.77).
+
+- :class:`CutlassBf16Weights`: bf16/fp16 experts (SM90 and later).
+- :class:`CutlassNvfp4Weights`: NVFP4 W4A4 (SM100/SM110/SM120). The weights go
+  as the int64 views the API takes (16 codes each), the E4M3 block scales
+  128x4-swizzled as int32 views, and the six ``quant_scales`` as the named,
+  typed :class:`CutlassNvfp4QuantScales`. The kernel has one FC1 alpha per
+  expert, so w1 and w3 whose global scales differ are fused by a named
+  :class:`~moe_core.GateUpScalePolicy`.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+import torch
+
+from moe_core import (
+    DenseMoeWeights,
+    ExpertQuantizeGlobalScales,
+    GateUpScalePolicy,
+    LinearBlockScales,
+    Nvfp4MoeWeights,
+    QuantizeGlobalScale,
+    SwizzledBlockScales,
+)
+from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
+from moe_core.backends._flashinfer import ExpertKernelScalars
+
+KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+"""Dense weight dtypes the kernel multiplies; float32 canonical weights are rounded to bf16."""
+
+NVFP4_ROW_ALIGNMENT = 128
+"""The swizzled scales tile rows by 128: I and H must be multiples of it."""
+
+CODES_PER_INT64 = 16
+"""E2M1 codes in one int64 of the weights' view."""
+
+
+def _up_gate(w13: torch.Tensor) -> torch.Tensor:
+    """Canonical ``[gate; up]`` rows (dim 1) as the kernel's ``[up; gate]``."""
+    gate, up = w13.chunk(2, dim=1)
+    return torch.cat((up, gate), dim=1).contiguous()
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class CutlassBf16Weights:
+    """bf16/fp16 experts: ``fc1 [E, 2I, H]`` rows ``[up; gate]``, ``fc2 [E, H, I]``, contiguous."""
+
+    fc1: torch.Tensor
+    fc2: torch.Tensor
+
+    def __attrs_post_init__(self) -> None:
+        for name, tensor in (("fc1", self.fc1), ("fc2", self.fc2)):
+            require_tensor(f"CutlassBf16Weights.{name}", tensor)
+            require_dtype(f"CutlassBf16Weights.{name}", tensor, KERNEL_DTYPES)
+            require_ndim(f"CutlassBf16Weights.{name}", tensor, 3, "[num_experts, out_features, in_features]")
+            if not tensor.is_contiguous():
+                raise ValueError(f"CutlassBf16Weights.{name}: expected a contiguous tensor")
+        if self.fc1.dtype != self.fc2.dtype:
+            raise TypeError(f"CutlassBf16Weights.fc2: expected dtype {self.fc1.dtype} like fc1, got {self.fc2.dtype}")
+        experts, rows, hidden = (int(d) for d in self.fc1.shape)
+        if rows % 2 or tuple(self.fc2.shape) != (experts, hidden, rows // 2):
+            raise ValueError(
+                f"CutlassBf16Weights.fc2: expected shape {(experts, hidden, rows // 2)} to match fc1 "
+                f"{tuple(self.fc1.shape)}, got {tuple(self.fc2.shape)}"
+            )
+        require_same_device([("fc1", self.fc1), ("fc2", self.fc2)])
+
+    @classmethod
+    def from_dense(cls, weights: DenseMoeWeights) -> CutlassBf16Weights:
+        """The canonical dense weights with FC1 as ``[up; gate]``; float32 weights are rounded to bf16."""
+        dtype = weights.w13.dtype if weights.w13.dtype in KERNEL_DTYPES else torch.bfloat16
+        return cls(fc1=_up_gate(weights.w13.to(dtype)), fc2=weights.w2.to(dtype).contiguous())
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype the hidden states enter the kernel in: the weights'."""
+        return self.fc1.dtype
+
+    def kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
+        """``fc1_expert_weights``, ``fc2_expert_weights`` and ``quant_scales`` (none for bf16)."""
+        return self.fc1, self.fc2, None
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held."""
+        return int(self.fc1.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return int(self.fc1.shape[2])
+
+    @property
+    def intermediate_size(self) -> int:
+        """I."""
+        return int(self.fc2.shape[2])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.fc1.device
+
+
+@final
+@attrs.frozen(eq=False)
+class CutlassAlphas(ExpertKernelScalars):
+    """One GEMM's per-expert dequantize factor ``1 / (input_global * weight_global)`` (quantize-side scales)."""
+
+    @classmethod
+    def from_global_scales(
+        cls, *, weights: ExpertQuantizeGlobalScales, inputs: QuantizeGlobalScale
+    ) -> CutlassAlphas:
+        """From the weights' per-expert scales and the scalar that quantizes the GEMM's input."""
+        return cls(_value=1.0 / (weights.value.to(torch.float32) * inputs.value.to(torch.float32)))
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class CutlassNvfp4QuantScales:
+    """The six ``quant_scales`` of NVFP4 W4A4, by name (FlashInfer's ``cutlass_fused_moe`` docstring order)."""
+
+    fc1_input_scale: QuantizeGlobalScale
+    """Quantizes the hidden states (the kernel takes a 0-d scalar or one per expert)."""
+    fc1_weight_scales: SwizzledBlockScales
+    """FC1 E4M3 block scales ``[E, 2I, H / 16]``, rows ``[up; gate]``, 128x4-swizzled."""
+    fc1_alphas: CutlassAlphas
+    fc2_input_scale: QuantizeGlobalScale
+    """Quantizes the gated activation."""
+    fc2_weight_scales: SwizzledBlockScales
+    """FC2 E4M3 block scales ``[E, H, I / 16]``, 128x4-swizzled."""
+    fc2_alphas: CutlassAlphas
+
+    def as_kernel_list(self) -> list[torch.Tensor]:
+        """In the kernel's order, the input scales as 0-d scalars and the block scales as int32 views."""
+        return [
+            self.fc1_input_scale.value.reshape(()),
+            self.fc1_weight_scales.data.view(torch.int32),
+            self.fc1_alphas.value,
+            self.fc2_input_scale.value.reshape(()),
+            self.fc2_weight_scales.data.view(torch.int32),
+            self.fc2_alphas.value,
+        ]
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class CutlassNvfp4Weights:
+    """NVFP4 W4A4 experts for the CUTLASS kernel, built once by :meth:`from_nvfp4`."""
+
+    fc1: torch.Tensor
+    """int64 view ``[E, 2I, H / 16]`` of the packed codes, rows ``[up; gate]``."""
+    fc2: torch.Tensor
+    """int64 view ``[E, H, I / 16]``."""
+    scales: CutlassNvfp4QuantScales
+
+    def __attrs_post_init__(self) -> None:
+        for name, tensor in (("fc1", self.fc1), ("fc2", self.fc2)):
+            require_tensor(f"CutlassNvfp4Weights.{name}", tensor)
+            require_dtype(f"CutlassNvfp4Weights.{name}", tensor, (torch.int64,))
+            require_ndim(f"CutlassNvfp4Weights.{name}", tensor, 3, "[num_experts, rows, cols / 16]")
+        experts, rows, hidden = int(self.fc1.shape[0]), int(self.fc1.shape[1]), int(self.fc1.shape[2]) * CODES_PER_INT64
+        inter = rows // 2
+        if tuple(self.fc2.shape) != (experts, hidden, inter // CODES_PER_INT64):
+            raise ValueError(
+                f"CutlassNvfp4Weights.fc2: expected shape {(experts, hidden, inter // CODES_PER_INT64)}, "
+                f"got {tuple(self.fc2.shape)}"
+            )
+        for name, size in (("intermediate_size", inter), ("hidden_size", hidden)):
+            if size % NVFP4_ROW_ALIGNMENT:
+                raise ValueError(f"CutlassNvfp4Weights: {name} must be a multiple of {NVFP4_ROW_ALIGNMENT}, got {size}")
+        scales = self.scales
+        for name, alphas in (("fc1_alphas", scales.fc1_alphas), ("fc2_alphas", scales.fc2_alphas)):
+            if alphas.num_experts != experts:
+                raise ValueError(f"CutlassNvfp4Weights.scales.{name}: expected {experts} experts, got {alphas.num_experts}")
+        for name, block, shape in (
+            ("fc1_weight_scales", scales.fc1_weight_scales, (experts, rows, hidden // 16)),
+            ("fc2_weight_scales", scales.fc2_weight_scales, (experts, hidden, inter // 16)),
+        ):
+            if tuple(block.data.shape) != shape:
+                raise ValueError(f"CutlassNvfp4Weights.scales.{name}: expected shape {shape}, got {tuple(block.data.shape)}")
+        require_same_device(
+            [("fc1", self.fc1), ("fc2", self.fc2), ("fc1_alphas", scales.fc1_alphas.value)]
+        )
+
+    @classmethod
+    def from_nvfp4(cls, weights: Nvfp4MoeWeights, *, gate_up: GateUpScalePolicy) -> CutlassNvfp4Weights:
+        """The once-after-loading conversion, fusing w1/w3 onto one global scale per expert under ``gate_up``."""
+        _, inter, hidden = weights.w13.gate.shape
+        for name, size in (("intermediate_size", inter), ("hidden_size", hidden)):
+            if size % NVFP4_ROW_ALIGNMENT:
+                raise ValueError(f"CUTLASS NVFP4 MoE: {name} must be a multiple of {NVFP4_ROW_ALIGNMENT}, got {size}")
+        fused = weights.w13.with_shared_global_scales(gate_up)
+        fc1_scales = LinearBlockScales.from_checkpoint(_up_gate(fused.block_scales.data))
+        hidden_scale, activation_scale = weights.w13_input_scale, weights.w2_input_scale
+        return cls(
+            fc1=_up_gate(fused.packed).view(torch.int64),
+            fc2=weights.w2.packed.contiguous().view(torch.int64),
+            scales=CutlassNvfp4QuantScales(
+                fc1_input_scale=hidden_scale,
+                fc1_weight_scales=fc1_scales.swizzle(),
+                fc1_alphas=CutlassAlphas.from_global_scales(weights=fused.global_scales, inputs=hidden_scale),
+                fc2_input_scale=activation_scale,
+                fc2_weight_scales=weights.w2.block_scales.swizzle(),
+                fc2_alphas=CutlassAlphas.from_global_scales(weights=weights.w2.global_scales, inputs=activation_scale),
+            ),
+        )
+
+    @classmethod
+    def from_nvfp4_rescaled(cls, weights: Nvfp4MoeWeights) -> CutlassNvfp4Weights:
+        """:meth:`from_nvfp4` under ``RESCALE_BLOCK_SCALES``: the registered conversion (exact where w1/w3 agree)."""
+        return cls.from_nvfp4(weights, gate_up=GateUpScalePolicy.RESCALE_BLOCK_SCALES)
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The hidden states enter in bf16; the kernel quantizes them with ``fc1_input_scale``."""
+        return torch.bfloat16
+
+    def kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
+        """``fc1_expert_weights``, ``fc2_expert_weights`` and the six ``quant_scales``."""
+        return self.fc1, self.fc2, self.scales.as_kernel_list()
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held."""
+        return int(self.fc1.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return int(self.fc1.shape[2]) * CODES_PER_INT64
+
+    @property
+    def intermediate_size(self) -> int:
+        """I."""
+        return int(self.fc1.shape[1]) // 2
+
+    @property
+    def device(self) -> torch.device:
+        """Where the tensors live."""
+        return self.fc1.device

@@ -1,0 +1,1 @@
+"""Pure-PyTorch models of the FlashInfer functions the FlashInfer backends call, for CPU tests of the adapters."""

@@ -1,0 +1,349 @@
+"""The FlashInfer adapters, end to end on the CPU, against pure-PyTorch models of FlashInfer's kernels.
+
+No machine here runs the FP4 kernels (they need Blackwell), so the adapters'
+conversions and calls are proven against models of the kernels' contracts
+(``tests/kernel_models``): each model has the installed function's signature
+(checked here), refuses what the real launcher refuses, and computes what the
+kernel computes. Every call an adapter makes is also bound to the installed
+function's ``inspect.signature``, so a signature change in FlashInfer fails
+this file.
+
+Tolerances (relative l2 error against the reference backend on the same
+canonical weights): both sides are float32 with bf16 outputs; the FP4
+requantization of the activation may round a code the other way where the
+two compute a block's value in another order, and in-kernel routing rounds
+the routing weights to bf16. Measured below 4e-3 over many draws; bound 1e-2.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import pytest
+import torch
+
+pytest.importorskip("flashinfer", reason="the flashinfer extra is not installed")
+
+from flashinfer import fp4_quantize as real_fp4_quantize
+from flashinfer.fused_moe import (
+    cutlass_fused_moe as real_cutlass_fused_moe,
+    trtllm_fp4_block_scale_moe as real_logits_moe,
+    trtllm_fp4_block_scale_routed_moe as real_routed_moe,
+)
+from flashinfer.tllm_enums import ActivationType, RoutingMethodType, SfLayout
+
+from moe_core import (
+    DenseMoeWeights,
+    GateUpScalePolicy,
+    LinearBlockScales,
+    MoeRunnerConfig,
+    Nvfp4ExpertWeights,
+    Nvfp4GateUpWeights,
+    Nvfp4MoeWeights,
+    RoutingMethod,
+    StandardDispatchOutput,
+    TopKOutput,
+    create_runner,
+    select_experts,
+)
+from moe_core.backends._flashinfer import BackendUnavailableError
+from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16, FLASHINFER_CUTLASS_NVFP4
+from moe_core.backends.flashinfer_cutlass.kernel import CutlassKernels
+from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassNvfp4Weights
+from moe_core.backends.flashinfer_cutlass.runner import CutlassRunner
+from moe_core.backends.flashinfer_trtllm_fp4 import FLASHINFER_TRTLLM_FP4
+from moe_core.backends.flashinfer_trtllm_fp4.kernel import TrtllmFp4Kernels, load_kernels
+from moe_core.backends.flashinfer_trtllm_fp4.quant_info import TrtllmFp4Weights
+from moe_core.backends.flashinfer_trtllm_fp4.runner import TrtllmFp4Runner
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
+from moe_core.check import relative_error
+from moe_core.synthetic import quantize_nvfp4_layer, random_dense_layer
+from tests.kernel_models import cutlass_fused_moe as cutlass_model
+from tests.kernel_models import trtllm_fp4 as trtllm_model
+from tests.kernel_models.nvfp4_layouts import unswizzle
+
+TOLERANCE = 1e-2
+"""Relative l2 error of an adapter on its kernel's model against the reference (see the module docstring)."""
+
+MISTAKE = 0.3
+"""An injected mistake must move the output at least this far from the reference."""
+
+CPU = torch.device("cpu")
+
+SHAPES = [
+    # (tokens, experts, top_k, hidden, inter, local experts, offset)
+    (1, 4, 1, 128, 128, 4, 0),
+    (37, 8, 2, 256, 128, 8, 0),
+    (19, 16, 8, 128, 256, 8, 8),
+    (64, 8, 4, 256, 128, 4, 0),
+]
+
+
+def _signature_rows(function: Callable[..., object]) -> list[tuple[str, str, object]]:
+    """Each parameter's name, kind and default, non-literal defaults by type name."""
+    rows = []
+    for parameter in inspect.signature(function).parameters.values():
+        default = parameter.default
+        if default is not inspect.Parameter.empty and not isinstance(default, (bool, int, float, str, type(None))):
+            default = "non-literal default"
+        rows.append((parameter.name, parameter.kind.name, default))
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("model", "real"),
+    [
+        (trtllm_model.trtllm_fp4_block_scale_routed_moe, real_routed_moe),
+        (trtllm_model.trtllm_fp4_block_scale_moe, real_logits_moe),
+        (trtllm_model.fp4_quantize, real_fp4_quantize),
+        (cutlass_model.cutlass_fused_moe, real_cutlass_fused_moe),
+    ],
+    ids=lambda f: getattr(f, "__name__", "?"),
+)
+def test_model_has_the_installed_signature(model: Callable[..., object], real: Callable[..., object]) -> None:
+    assert _signature_rows(model) == _signature_rows(real)
+
+
+@attrs.define
+class Recorder:
+    """Wraps a model; binds each call to the real function's signature first (a drift raises TypeError here)."""
+
+    model: Callable[..., Any]
+    real: Callable[..., object]
+    calls: list[inspect.BoundArguments] = attrs.field(factory=list)
+
+    def __call__(self, *args: object, **kwargs: object) -> Any:
+        self.calls.append(inspect.signature(self.real).bind(*args, **kwargs))
+        return self.model(*args, **kwargs)
+
+
+def trtllm_model_kernels() -> TrtllmFp4Kernels:
+    """The real kernels' enums and optional keywords, with the models in place of the functions, each recorded."""
+    real = load_kernels()
+    return attrs.evolve(
+        real,
+        quantize=Recorder(trtllm_model.fp4_quantize, real_fp4_quantize),
+        routed_moe=Recorder(trtllm_model.trtllm_fp4_block_scale_routed_moe, real_routed_moe),
+        logits_moe=Recorder(trtllm_model.trtllm_fp4_block_scale_moe, real_logits_moe),
+    )
+
+
+def cutlass_model_kernels() -> CutlassKernels:
+    """The CUTLASS model, recorded, with the release's SwiGLU member."""
+    return CutlassKernels(fused_moe=Recorder(cutlass_model.cutlass_fused_moe, real_cutlass_fused_moe), swiglu=ActivationType.Swiglu)
+
+
+def layer(
+    shape: tuple[int, int, int, int, int, int, int], gen: torch.Generator, routing: RoutingMethod = RoutingMethod.TOPK_RENORMALIZE
+) -> tuple[MoeRunnerConfig, DenseMoeWeights, Nvfp4MoeWeights, StandardDispatchOutput]:
+    tokens, experts, top_k, hidden, inter, local, offset = shape
+    config = MoeRunnerConfig(
+        num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k,
+        num_local_experts=local, local_expert_offset=offset, routing_method=routing,
+    )
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    dense, dispatch = random_dense_layer(config, tokens, torch.bfloat16, CPU, seed)
+    return config, dense, quantize_nvfp4_layer(config, dense, dispatch), without_logits(dispatch)
+
+
+def without_logits(dispatch: StandardDispatchOutput) -> StandardDispatchOutput:
+    """The same batch and routing without its router logits, so the TRT-LLM runner takes the routed kernel."""
+    topk = dispatch.topk
+    return StandardDispatchOutput(dispatch.hidden_states, TopKOutput(topk.topk_ids, topk.topk_weights, num_experts=topk.num_experts))
+
+
+def nvfp4_reference(config: MoeRunnerConfig, weights: Nvfp4MoeWeights, dispatch: StandardDispatchOutput) -> torch.Tensor:
+    return create_runner(REFERENCE_NVFP4, config).run(dispatch, weights)
+
+
+def shared_scales(weights: Nvfp4MoeWeights) -> Nvfp4MoeWeights:
+    """The same layer with w1/w3 fused onto one scale per expert (what a one-alpha kernel runs), split back into halves."""
+    fused = weights.w13.with_shared_global_scales(GateUpScalePolicy.RESCALE_BLOCK_SCALES)
+    inter = weights.intermediate_size
+    halves = [
+        Nvfp4ExpertWeights(fused.packed[:, rows], LinearBlockScales.from_checkpoint(fused.block_scales.data[:, rows]), fused.global_scales)
+        for rows in (slice(0, inter), slice(inter, 2 * inter))
+    ]
+    return attrs.evolve(weights, w13=Nvfp4GateUpWeights(gate=halves[0], up=halves[1]))
+
+
+class TestTrtllmFp4:
+    """``flashinfer-trtllm-fp4``: the conversion and runner on the kernels' models, against ``reference-nvfp4``."""
+
+    @pytest.mark.parametrize("shape", SHAPES, ids=str)
+    def test_routed_matches_reference(self, shape: tuple[int, int, int, int, int, int, int], gen: torch.Generator) -> None:
+        config, _, weights, dispatch = layer(shape, gen)
+        kernels = trtllm_model_kernels()
+        out = TrtllmFp4Runner(config, kernels=kernels).run(dispatch, TrtllmFp4Weights.from_nvfp4(weights))
+        assert out.dtype == dispatch.hidden_states.dtype and out.shape == dispatch.hidden_states.shape
+        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) < TOLERANCE
+        assert isinstance(kernels.routed_moe, Recorder) and len(kernels.routed_moe.calls) == 1
+        assert kernels.routed_moe.calls[0].arguments["hidden_states_scale_layout"] == SfLayout.layout_linear
+
+    @pytest.mark.parametrize("routing", list(RoutingMethod), ids=lambda r: r.value)
+    @pytest.mark.parametrize("shape", SHAPES[1:3], ids=str)
+    def test_kernel_routing_matches_reference(
+        self, shape: tuple[int, int, int, int, int, int, int], routing: RoutingMethod, gen: torch.Generator
+    ) -> None:
+        config, _, weights, routed = layer(shape, gen, routing)
+        dispatch = StandardDispatchOutput(routed.hidden_states, select_experts(torch.randn(routed.topk.num_tokens, config.num_experts, generator=gen), config))
+        kernels = trtllm_model_kernels()
+        out = TrtllmFp4Runner(config, kernels=kernels).run(dispatch, TrtllmFp4Weights.from_nvfp4(weights))
+        assert isinstance(kernels.logits_moe, Recorder) and len(kernels.logits_moe.calls) == 1
+        expected_method = {RoutingMethod.SOFTMAX_TOPK: RoutingMethodType.Default, RoutingMethod.TOPK_RENORMALIZE: RoutingMethodType.Renormalize}
+        assert kernels.logits_moe.calls[0].arguments["routing_method_type"] == expected_method[routing].value
+        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) < TOLERANCE
+
+    @pytest.mark.parametrize("top_k", range(1, 9))
+    def test_every_top_k(self, top_k: int, gen: torch.Generator) -> None:
+        config, _, weights, dispatch = layer((13, 8, top_k, 128, 128, 8, 0), gen)
+        out = TrtllmFp4Runner(config, kernels=trtllm_model_kernels()).run(dispatch, TrtllmFp4Weights.from_nvfp4(weights))
+        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) < TOLERANCE
+
+    def test_differing_gate_and_up_scales_stay_exact(self, gen: torch.Generator) -> None:
+        config, _, weights, dispatch = layer((37, 8, 2, 256, 128, 8, 0), gen)
+        assert not torch.equal(weights.w13.gate.global_scales.value, weights.w13.up.global_scales.value)
+        out = TrtllmFp4Runner(config, kernels=trtllm_model_kernels()).run(dispatch, TrtllmFp4Weights.from_nvfp4(weights))
+        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) < TOLERANCE
+
+    def test_wrong_fc1_half_order_is_caught(self, gen: torch.Generator) -> None:
+        config, _, weights, dispatch = layer((37, 8, 2, 256, 128, 8, 0), gen)
+        swapped = attrs.evolve(weights, w13=Nvfp4GateUpWeights(gate=weights.w13.up, up=weights.w13.gate))
+        out = TrtllmFp4Runner(config, kernels=trtllm_model_kernels()).run(dispatch, TrtllmFp4Weights.from_nvfp4(swapped))
+        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) > MISTAKE
+
+    def test_per_expert_input_scale_is_refused(self) -> None:
+        per_expert = torch.full((8,), 100.0)
+        with pytest.raises(ValueError, match="global_scale must be one float32 value, got torch.float32 \\(8,\\)"):
+            trtllm_model.fp4_quantize(torch.randn(4, 128, dtype=torch.bfloat16), per_expert, 16, False, False)
+
+    def _recorded_call(self, gen: torch.Generator, tokens: int) -> tuple[MoeRunnerConfig, Nvfp4MoeWeights, StandardDispatchOutput, inspect.BoundArguments]:
+        config, _, weights, dispatch = layer((tokens, 8, 2, 256, 128, 8, 0), gen)
+        kernels = trtllm_model_kernels()
+        TrtllmFp4Runner(config, kernels=kernels).run(dispatch, TrtllmFp4Weights.from_nvfp4(weights))
+        assert isinstance(kernels.routed_moe, Recorder)
+        return config, weights, dispatch, kernels.routed_moe.calls[0]
+
+    def test_swizzled_activation_scales_are_refused(self, gen: torch.Generator) -> None:
+        _, _, _, call = self._recorded_call(gen, 37)
+        call.arguments["hidden_states_scale_layout"] = SfLayout.layout_128x4
+        with pytest.raises(NotImplementedError, match="linear layout only"):
+            trtllm_model.trtllm_fp4_block_scale_routed_moe(*call.args, **call.kwargs)
+        call.arguments["hidden_states_scale_layout"] = SfLayout.layout_linear
+        linear = call.arguments["hidden_states_scale"]
+        padded = torch.zeros((128, linear.shape[1]), dtype=torch.uint8)
+        padded[:37] = linear.view(torch.uint8)
+        call.arguments["hidden_states_scale"] = padded.view(torch.float8_e4m3fn)
+        with pytest.raises(ValueError, match="hidden_states_scale must hold \\[37, 16\\] linear scales"):
+            trtllm_model.trtllm_fp4_block_scale_routed_moe(*call.args, **call.kwargs)
+
+    def test_swizzled_scales_declared_linear_give_garbage(self, gen: torch.Generator) -> None:
+        """At 128 tokens a 128x4-swizzled buffer has the linear size: only the declared layout tells them apart."""
+        config, weights, dispatch, call = self._recorded_call(gen, 128)
+        linear = call.arguments["hidden_states_scale"]
+        call.arguments["hidden_states_scale"] = LinearBlockScales.from_checkpoint(linear).swizzle().data
+        out = trtllm_model.trtllm_fp4_block_scale_routed_moe(*call.args, **call.kwargs)[0]
+        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) > MISTAKE
+
+    def test_output_scalars_in_the_wrong_slots_are_caught(self, gen: torch.Generator) -> None:
+        config, weights, dispatch, call = self._recorded_call(gen, 37)
+        gate, up = call.arguments["output1_scale_gate_scalar"], call.arguments["output1_scale_scalar"]
+        call.arguments["output1_scale_gate_scalar"], call.arguments["output1_scale_scalar"] = up, gate
+        out = trtllm_model.trtllm_fp4_block_scale_routed_moe(*call.args, **call.kwargs)[0]
+        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) > MISTAKE
+
+    def test_create_runner_says_why_not_here(self) -> None:
+        config = MoeRunnerConfig(num_experts=8, hidden_size=128, intermediate_size_per_partition=128, top_k=2)
+        with pytest.raises(BackendUnavailableError, match="flashinfer-trtllm-fp4 cannot run on cpu: needs a CUDA GPU of SM100 or SM103, not cpu; no TRT-LLM-gen cubins"):
+            create_runner(FLASHINFER_TRTLLM_FP4, config)
+
+    def test_unaligned_sizes_are_refused(self, gen: torch.Generator) -> None:
+        config, _, weights, _ = layer((4, 4, 2, 128, 64, 4, 0), gen)
+        with pytest.raises(ValueError, match="intermediate_size must be a multiple of 128, got 64"):
+            TrtllmFp4Weights.from_nvfp4(weights)
+        with pytest.raises(ValueError, match="intermediate_size_per_partition must be a multiple of 128, got 64"):
+            TrtllmFp4Runner(config, kernels=trtllm_model_kernels())
+
+
+class TestCutlass:
+    """``flashinfer-cutlass-bf16`` and ``-nvfp4``: conversions and runner on the kernel's model, against the references."""
+
+    @pytest.mark.parametrize("shape", SHAPES, ids=str)
+    def test_bf16_matches_reference(self, shape: tuple[int, int, int, int, int, int, int], gen: torch.Generator) -> None:
+        config, dense, _, dispatch = layer(shape, gen)
+        kernels = cutlass_model_kernels()
+        out = CutlassRunner[CutlassBf16Weights](config, kernels=kernels).run(dispatch, CutlassBf16Weights.from_dense(dense))
+        rounded = DenseMoeWeights(w13=dense.w13.to(torch.bfloat16), w2=dense.w2.to(torch.bfloat16))
+        expected = create_runner(REFERENCE_DENSE, config).run(dispatch, rounded)
+        # the kernel writes the gated activation in bf16 before the second GEMM: 2 bf16 epsilons
+        assert relative_error(out, expected) < 1.6e-2
+        assert isinstance(kernels.fused_moe, Recorder) and kernels.fused_moe.calls[0].arguments["ep_rank"] == shape[6] // shape[5]
+
+    @pytest.mark.parametrize("shape", SHAPES, ids=str)
+    def test_nvfp4_matches_reference(self, shape: tuple[int, int, int, int, int, int, int], gen: torch.Generator) -> None:
+        config, _, weights, dispatch = layer(shape, gen)
+        out = CutlassRunner[CutlassNvfp4Weights](config, kernels=cutlass_model_kernels()).run(
+            dispatch, CutlassNvfp4Weights.from_nvfp4_rescaled(weights)
+        )
+        assert relative_error(out, nvfp4_reference(config, shared_scales(weights), dispatch)) < TOLERANCE
+
+    def test_nvfp4_equal_scales_are_exact_without_rescaling(self, gen: torch.Generator) -> None:
+        config, _, weights, dispatch = layer((37, 8, 2, 256, 128, 8, 0), gen)
+        equal = shared_scales(weights)
+        quant_info = CutlassNvfp4Weights.from_nvfp4(equal, gate_up=GateUpScalePolicy.REQUIRE_EQUAL)
+        out = CutlassRunner[CutlassNvfp4Weights](config, kernels=cutlass_model_kernels()).run(dispatch, quant_info)
+        assert relative_error(out, nvfp4_reference(config, equal, dispatch)) < TOLERANCE
+        with pytest.raises(ValueError, match="gate and up global scales differ"):
+            CutlassNvfp4Weights.from_nvfp4(weights, gate_up=GateUpScalePolicy.REQUIRE_EQUAL)
+
+    @pytest.mark.parametrize("top_k", range(1, 9))
+    def test_every_top_k(self, top_k: int, gen: torch.Generator) -> None:
+        config, _, weights, dispatch = layer((13, 8, top_k, 128, 128, 8, 0), gen)
+        out = CutlassRunner[CutlassNvfp4Weights](config, kernels=cutlass_model_kernels()).run(
+            dispatch, CutlassNvfp4Weights.from_nvfp4_rescaled(weights)
+        )
+        assert relative_error(out, nvfp4_reference(config, shared_scales(weights), dispatch)) < TOLERANCE
+
+    def test_wrong_fc1_half_order_is_caught(self, gen: torch.Generator) -> None:
+        config, dense, _, dispatch = layer((37, 8, 2, 256, 128, 8, 0), gen)
+        gate, up = dense.w13.chunk(2, dim=1)
+        swapped = DenseMoeWeights(w13=torch.cat((up, gate), dim=1), w2=dense.w2)
+        out = CutlassRunner[CutlassBf16Weights](config, kernels=cutlass_model_kernels()).run(dispatch, CutlassBf16Weights.from_dense(swapped))
+        assert relative_error(out, create_runner(REFERENCE_DENSE, config).run(dispatch, dense)) > MISTAKE
+
+    def _recorded_nvfp4_call(self, gen: torch.Generator) -> tuple[MoeRunnerConfig, Nvfp4MoeWeights, StandardDispatchOutput, inspect.BoundArguments]:
+        config, _, weights, dispatch = layer((37, 8, 2, 256, 128, 8, 0), gen)
+        kernels = cutlass_model_kernels()
+        CutlassRunner[CutlassNvfp4Weights](config, kernels=kernels).run(dispatch, CutlassNvfp4Weights.from_nvfp4_rescaled(weights))
+        assert isinstance(kernels.fused_moe, Recorder)
+        return config, shared_scales(weights), dispatch, kernels.fused_moe.calls[0]
+
+    def test_one_element_input_scale_is_refused(self, gen: torch.Generator) -> None:
+        """The kernel takes a 0-d scalar or one per expert: a ``[1]`` tensor (our scale's storage) is neither."""
+        _, _, _, call = self._recorded_nvfp4_call(gen)
+        call.arguments["quant_scales"][0] = call.arguments["quant_scales"][0].reshape(1)
+        with pytest.raises(ValueError, match="fc1 act global must be scalar or \\(num_experts_on_rank,\\) = \\(8,\\), got \\(1,\\)"):
+            cutlass_model.cutlass_fused_moe(*call.args, **call.kwargs)
+
+    def test_linear_weight_scales_give_garbage(self, gen: torch.Generator) -> None:
+        config, weights, dispatch, call = self._recorded_nvfp4_call(gen)
+        swizzled = call.arguments["quant_scales"][1]
+        rows, blocks = swizzled.shape[1], swizzled.shape[2] * 4
+        call.arguments["quant_scales"][1] = unswizzle(swizzled.view(torch.uint8), rows, blocks).contiguous().view(torch.int32)
+        out = cutlass_model.cutlass_fused_moe(*call.args, **call.kwargs)
+        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) > MISTAKE
+
+    def test_uneven_expert_slices_are_refused(self) -> None:
+        config = MoeRunnerConfig(num_experts=8, hidden_size=128, intermediate_size_per_partition=128, top_k=2, num_local_experts=3, local_expert_offset=2)
+        with pytest.raises(ValueError, match="local experts \\[2, 5\\) of 8 are not one of 8/3 equal slices"):
+            CutlassRunner[CutlassBf16Weights](config, kernels=cutlass_model_kernels())
+
+    def test_create_runner_says_why_not_here(self) -> None:
+        config = MoeRunnerConfig(num_experts=8, hidden_size=128, intermediate_size_per_partition=128, top_k=2)
+        with pytest.raises(BackendUnavailableError, match="flashinfer-cutlass-bf16 cannot run on cpu: needs a CUDA GPU of SM90 or later, not cpu"):
+            create_runner(FLASHINFER_CUTLASS_BF16, config)
+        with pytest.raises(BackendUnavailableError, match="flashinfer-cutlass-nvfp4 cannot run on cpu: needs a CUDA GPU of SM100 or SM103 or SM110"):
+            create_runner(FLASHINFER_CUTLASS_NVFP4, config)
