@@ -9,10 +9,12 @@ function's ``inspect.signature``, so a signature change in FlashInfer fails
 this file.
 
 Tolerances (relative l2 error against the reference backend on the same
-canonical weights): both sides are float32 with bf16 outputs; the FP4
-requantization of the activation may round a code the other way where the
-two compute a block's value in another order, and in-kernel routing rounds
-the routing weights to bf16. Measured below 4e-3 over many draws; bound 1e-2.
+canonical weights): both sides compute in float32 and round the output to
+bf16, and the FP4 requantization of the activation may round a code the
+other way where the two compute a block's values in another order; in-kernel
+routing also rounds the routing weights to bf16. Worst over 160 draws of
+these shapes: routed TRT-LLM 1.8e-4, CUTLASS NVFP4 1.1e-3, in-kernel routing
+3.9e-3; bounds 3e-3 and 1e-2.
 """
 
 from __future__ import annotations
@@ -65,8 +67,11 @@ from tests.kernel_models import cutlass_fused_moe as cutlass_model
 from tests.kernel_models import trtllm_fp4 as trtllm_model
 from tests.kernel_models.nvfp4_layouts import unswizzle
 
-TOLERANCE = 1e-2
+TOLERANCE = 3e-3
 """Relative l2 error of an adapter on its kernel's model against the reference (see the module docstring)."""
+
+ROUTING_TOLERANCE = 1e-2
+"""The same where the kernel routes (bf16 routing weights)."""
 
 MISTAKE = 0.3
 """An injected mistake must move the output at least this far from the reference."""
@@ -195,7 +200,7 @@ class TestTrtllmFp4:
         assert isinstance(kernels.logits_moe, Recorder) and len(kernels.logits_moe.calls) == 1
         expected_method = {RoutingMethod.SOFTMAX_TOPK: RoutingMethodType.Default, RoutingMethod.TOPK_RENORMALIZE: RoutingMethodType.Renormalize}
         assert kernels.logits_moe.calls[0].arguments["routing_method_type"] == expected_method[routing].value
-        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) < TOLERANCE
+        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) < ROUTING_TOLERANCE
 
     @pytest.mark.parametrize("top_k", range(1, 9))
     def test_every_top_k(self, top_k: int, gen: torch.Generator) -> None:

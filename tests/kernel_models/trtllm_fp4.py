@@ -113,12 +113,14 @@ def _logical_rows(kernel_rows: torch.Tensor, order: torch.Tensor) -> torch.Tenso
 
 def _fc1_order(rows: int) -> torch.Tensor:
     shape_only = torch.empty((rows, 1), dtype=torch.uint8)
-    interleave = get_reorder_rows_for_gated_act_gemm_row_indices(shape_only)
-    return interleave[get_shuffle_matrix_a_row_indices(shape_only, EPILOGUE_TILE_M)]
+    interleave: torch.Tensor = get_reorder_rows_for_gated_act_gemm_row_indices(shape_only)
+    shuffle: torch.Tensor = get_shuffle_matrix_a_row_indices(shape_only, EPILOGUE_TILE_M)
+    return interleave[shuffle]
 
 
 def _fc2_order(rows: int) -> torch.Tensor:
-    return get_shuffle_matrix_a_row_indices(torch.empty((rows, 1), dtype=torch.uint8), EPILOGUE_TILE_M)
+    shuffle: torch.Tensor = get_shuffle_matrix_a_row_indices(torch.empty((rows, 1), dtype=torch.uint8), EPILOGUE_TILE_M)
+    return shuffle
 
 
 def _dequantized_weights(codes: torch.Tensor, scales: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
