@@ -1,8 +1,12 @@
-"""MoE layer benchmark on one CUDA GPU: the Triton backend per format against ``torch._grouped_mm``.
+"""MoE layer benchmark on one CUDA GPU: the Triton backend per format and FlashInfer's CUTLASS MoE against ``torch._grouped_mm``.
 
 Run from the repository root (any CUDA GPU)::
 
     python benchmarks/bench_moe.py [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096,8192]
+        [--backends triton-dense,triton-nvfp4-w4a16,flashinfer-cutlass-bf16]
+
+``flashinfer-cutlass-bf16`` runs where its backend is available (FlashInfer
+installed, SM90 or later), autotuned at each token count before it is timed.
 
 It measures the device's copy bandwidth and bf16 matmul rate first, in the
 same run, then prints one table per shape: per backend and token count the
@@ -37,12 +41,16 @@ from moe_core import (  # noqa: E402
     LinearBlockScales,
     Nvfp4MoeWeights,
     QuantizeGlobalScale,
+    MoeForward,
     MoeRunnerConfig,
     StandardDispatchOutput,
     TopKOutput,
     create_runner,
     select_experts,
 )
+from moe_core.backends._flashinfer import autotuning  # noqa: E402
+from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16  # noqa: E402
+from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights  # noqa: E402
 from moe_core.backends.reference import REFERENCE_DENSE  # noqa: E402
 from moe_core.backends.triton import TRITON_DENSE, TRITON_NVFP4_W4A16  # noqa: E402
 from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights  # noqa: E402
@@ -150,16 +158,35 @@ def row(name: str, ms: float, flops: float, weight_bytes: float, ceilings: tuple
     }
 
 
-def bench_shape(name: str, token_counts: list[int], ceilings: tuple[float, float], gen: torch.Generator) -> list[dict[str, object]]:
+BACKENDS = ("triton-dense", "triton-nvfp4-w4a16", "flashinfer-cutlass-bf16")
+"""What ``--backends`` chooses from; ``torch._grouped_mm`` always runs (it is the baseline)."""
+
+
+def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, backends: list[str]) -> dict[str, tuple[MoeForward, float, bool]]:
+    """label -> (bound runner, bytes per weight, autotune first) for each chosen backend that runs here."""
+    runners: dict[str, tuple[MoeForward, float, bool]] = {}
+    if "triton-dense" in backends:
+        runners["triton bf16"] = (TRITON_DENSE.bind(config, TritonDenseWeights(w13=w13, w2=w2)), 2.0, False)
+    if "triton-nvfp4-w4a16" in backends:
+        nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2))
+        runners["triton nvfp4 w4a16"] = (TRITON_NVFP4_W4A16.bind(config, nvfp4), 0.5 + 1 / 16, False)
+    if "flashinfer-cutlass-bf16" in backends:
+        verdict = FLASHINFER_CUTLASS_BF16.availability(w13.device)
+        if verdict.ok:
+            cutlass = CutlassBf16Weights.from_dense(DenseMoeWeights(w13=w13, w2=w2))
+            runners["flashinfer cutlass bf16"] = (FLASHINFER_CUTLASS_BF16.bind(config, cutlass), 2.0, True)
+        else:
+            print(f"  flashinfer-cutlass-bf16 skipped: {'; '.join(verdict.reasons)}", flush=True)
+    return runners
+
+
+def bench_shape(
+    name: str, token_counts: list[int], ceilings: tuple[float, float], gen: torch.Generator, backends: list[str]
+) -> list[dict[str, object]]:
     experts, top_k, hidden, inter = SHAPES[name]
     config = MoeRunnerConfig(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k)
     w13, w2 = random_weights(name, gen)
-    dense = TritonDenseWeights(w13=w13, w2=w2)
-    nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2))
-    runners = {
-        "triton bf16": (create_runner(TRITON_DENSE, config), dense, 2.0),
-        "triton nvfp4 w4a16": (create_runner(TRITON_NVFP4_W4A16, config), nvfp4, 0.5 + 1 / 16),
-    }
+    runners = runners_for(config, w13, w2, backends)
     rows = []
     for tokens in token_counts:
         x = torch.randn(tokens, hidden, generator=gen).to("cuda", torch.bfloat16)
@@ -171,20 +198,25 @@ def bench_shape(name: str, token_counts: list[int], ceilings: tuple[float, float
         graph = tokens <= 64
         base = median_ms(lambda: grouped_mm_moe(x, topk.topk_ids, topk.topk_weights, w13, w2), graph)
         table = [row("torch._grouped_mm", base, flops, hit * 3 * hidden * inter * 2.0, ceilings, base)]
-        reference_out = None
-        for label, (runner, quant_info, bytes_per_weight) in runners.items():
-            ms = median_ms(lambda: runner.run(dispatch, quant_info), graph)  # noqa: B023
+        outputs = {}
+        for label, (forward, bytes_per_weight, tune) in runners.items():
+            if tune:
+                with autotuning():
+                    forward(dispatch)
+            outputs[label] = forward(dispatch)
+            ms = median_ms(lambda: forward(dispatch), graph)  # noqa: B023
             table.append(row(label, ms, flops, hit * 3 * hidden * inter * bytes_per_weight, ceilings, base))
         if tokens <= 16:
             reference = create_runner(REFERENCE_DENSE, config)
-            ref_weights = DenseMoeWeights(w13=w13, w2=w2)
             start = time.perf_counter()
-            reference_out = reference.run(dispatch, ref_weights)
+            reference_out = reference.run(dispatch, DenseMoeWeights(w13=w13, w2=w2))
             torch.cuda.synchronize()
             ref_ms = (time.perf_counter() - start) * 1e3
             table.append(row("reference-dense", ref_ms, flops, hit * 3 * hidden * inter * 2.0, ceilings, base))
-            err = float((runners["triton bf16"][0].run(dispatch, dense).double() - reference_out.double()).norm() / reference_out.double().norm())
-            table[1]["rel_err_vs_reference"] = err
+            for entry in table:
+                out = outputs.get(str(entry["backend"]))
+                if out is not None and "nvfp4" not in str(entry["backend"]):
+                    entry["rel_err_vs_reference"] = float((out.double() - reference_out.double()).norm() / reference_out.double().norm())
         for entry in table:
             entry.update(shape=name, tokens=tokens, experts_hit=hit)
         rows += table
@@ -214,13 +246,14 @@ def host_overhead(gen: torch.Generator) -> dict[str, float]:
 
 
 def print_table(rows: list[dict[str, object]]) -> None:
-    headers = ["shape", "T", "backend", "ms", "TFLOP/s", "GB/s", "roofline", "vs grouped_mm"]
+    headers = ["shape", "T", "backend", "ms", "TFLOP/s", "GB/s", "roofline", "vs grouped_mm", "err vs reference"]
     lines = [headers]
     for r in rows:
         ratio = r["vs_grouped_mm"]
         lines.append([
             str(r["shape"]), str(r["tokens"]), str(r["backend"]), f"{r['ms']:.4f}", f"{r['tflops']:.1f}",
             f"{r['gbs']:.0f}", f"{r['roofline']:.0%}", "-" if ratio is None else f"{ratio:.2f}x",
+            f"{r['rel_err_vs_reference']:.1e}" if "rel_err_vs_reference" in r else "-",
         ])
     widths = [max(len(line[i]) for line in lines) for i in range(len(headers))]
     for index, line in enumerate(lines):
@@ -233,15 +266,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="mixtral,qwen3,deepseek")
     parser.add_argument("--tokens", default="1,16,64,256,1024,4096,8192")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, from {', '.join(BACKENDS)}")
     parser.add_argument("--host-overhead", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    backends = args.backends.split(",")
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown:
+        parser.error(f"--backends: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
     gen = torch.Generator().manual_seed(0)
     ceilings = device_ceilings()
     print(f"{torch.cuda.get_device_name()}: copy {ceilings[0]:.0f} GB/s, bf16 matmul {ceilings[1]:.0f} TFLOP/s", flush=True)
     rows = []
     for name in args.shapes.split(","):
-        rows += bench_shape(name, [int(t) for t in args.tokens.split(",")], ceilings, gen)
+        rows += bench_shape(name, [int(t) for t in args.tokens.split(",")], ceilings, gen, backends)
         torch.cuda.empty_cache()
     result: dict[str, object] = {"device": torch.cuda.get_device_name(), "copy_gbs": ceilings[0], "matmul_tflops": ceilings[1], "rows": rows}
     if args.host_overhead:

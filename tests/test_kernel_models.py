@@ -20,6 +20,7 @@ these shapes: routed TRT-LLM 1.8e-4, CUTLASS NVFP4 1.1e-3, in-kernel routing
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,7 @@ from flashinfer.fused_moe import (
 from flashinfer.tllm_enums import ActivationType, RoutingMethodType, SfLayout
 
 from moe_core import (
+    BackendKey,
     DenseMoeWeights,
     GateUpScalePolicy,
     LinearBlockScales,
@@ -175,6 +177,15 @@ def shared_scales(weights: Nvfp4MoeWeights) -> Nvfp4MoeWeights:
     return attrs.evolve(weights, w13=Nvfp4GateUpWeights(gate=halves[0], up=halves[1]))
 
 
+def expect_refusal(key: BackendKey[Any], cpu_reasons: str) -> None:
+    """``create_runner`` raises with the backend's reasons for the current device (``cpu_reasons`` on the CPU)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else CPU
+    reasons = "; ".join(key.availability(device).reasons) if device.type == "cuda" else cpu_reasons
+    config = MoeRunnerConfig(num_experts=8, hidden_size=128, intermediate_size_per_partition=128, top_k=2)
+    with pytest.raises(BackendUnavailableError, match=re.escape(f"{key.name} cannot run on {device}: {reasons}")):
+        create_runner(key, config)
+
+
 class TestTrtllmFp4:
     """``flashinfer-trtllm-fp4``: the conversion and runner on the kernels' models, against ``reference-nvfp4``."""
 
@@ -261,9 +272,7 @@ class TestTrtllmFp4:
         assert relative_error(out, nvfp4_reference(config, weights, dispatch)) > MISTAKE
 
     def test_create_runner_says_why_not_here(self) -> None:
-        config = MoeRunnerConfig(num_experts=8, hidden_size=128, intermediate_size_per_partition=128, top_k=2)
-        with pytest.raises(BackendUnavailableError, match="flashinfer-trtllm-fp4 cannot run on cpu: needs a CUDA GPU of SM100 or SM103, not cpu; no TRT-LLM-gen cubins"):
-            create_runner(FLASHINFER_TRTLLM_FP4, config)
+        expect_refusal(FLASHINFER_TRTLLM_FP4, "needs a CUDA GPU of SM100 or SM103, not cpu; no TRT-LLM-gen cubins")
 
     def test_unaligned_sizes_are_refused(self, gen: torch.Generator) -> None:
         config, _, weights, _ = layer((4, 4, 2, 128, 64, 4, 0), gen)
@@ -347,8 +356,8 @@ class TestCutlass:
             CutlassRunner[CutlassBf16Weights](config, kernels=cutlass_model_kernels())
 
     def test_create_runner_says_why_not_here(self) -> None:
-        config = MoeRunnerConfig(num_experts=8, hidden_size=128, intermediate_size_per_partition=128, top_k=2)
-        with pytest.raises(BackendUnavailableError, match="flashinfer-cutlass-bf16 cannot run on cpu: needs a CUDA GPU of SM90 or later, not cpu"):
-            create_runner(FLASHINFER_CUTLASS_BF16, config)
-        with pytest.raises(BackendUnavailableError, match="flashinfer-cutlass-nvfp4 cannot run on cpu: needs a CUDA GPU of SM100 or SM103 or SM110"):
-            create_runner(FLASHINFER_CUTLASS_NVFP4, config)
+        expect_refusal(FLASHINFER_CUTLASS_NVFP4, "needs a CUDA GPU of SM100 or SM103 or SM110 or SM120 or SM121, not cpu")
+        if torch.cuda.is_available():
+            assert FLASHINFER_CUTLASS_BF16.availability(torch.device("cuda")).ok == (torch.cuda.get_device_capability() >= (9, 0))
+        else:
+            expect_refusal(FLASHINFER_CUTLASS_BF16, "needs a CUDA GPU of SM90 or later, not cpu")

@@ -1,0 +1,60 @@
+"""FlashInfer's CUTLASS fused MoE for real, on a GPU where its backend runs, against the reference backend.
+
+Skipped where ``flashinfer-cutlass-bf16`` is unavailable (the CPU, pre-Hopper
+GPUs, no FlashInfer); on SM90 FlashInfer must find its fused-MoE module built
+(see benchmarks/RESULTS.md for the pruned build used on the H200).
+
+Tolerance: relative l2 error against ``reference-dense`` on the same bf16/fp16
+weights; the kernel writes the gated activation in the activations' dtype
+before the second GEMM and accumulates the top-k sum in its own order, so
+two of that dtype's epsilons (bf16 1.6e-2, fp16 2e-3).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from moe_core import DenseMoeWeights, MoeRunnerConfig, StandardDispatchOutput, TopKOutput, create_runner, select_experts
+from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16
+from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights
+from moe_core.backends.reference import REFERENCE_DENSE
+from moe_core.check import relative_error
+
+CUDA = torch.device("cuda") if torch.cuda.is_available() else None
+AVAILABLE = CUDA is not None and FLASHINFER_CUTLASS_BF16.availability(CUDA).ok
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason="flashinfer-cutlass-bf16 is unavailable here")
+
+TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+SHAPES = [
+    # (tokens, experts, top_k, hidden, inter, local experts, offset)
+    (1, 8, 2, 4096, 14336, 8, 0),
+    (37, 128, 8, 2048, 768, 128, 0),
+    (1000, 256, 8, 7168, 2048, 64, 64),
+    (4096, 8, 2, 4096, 14336, 8, 0),
+    (5, 8, 1, 256, 128, 2, 6),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_cutlass_bf16_matches_reference(shape: tuple[int, int, int, int, int, int, int], dtype: torch.dtype, gen: torch.Generator) -> None:
+    assert CUDA is not None
+    tokens, experts, top_k, hidden, inter, local, offset = shape
+    config = MoeRunnerConfig(
+        num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k,
+        num_local_experts=local, local_expert_offset=offset,
+    )
+    w13 = (torch.randn(local, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)).to(CUDA, dtype)
+    w2 = (torch.randn(local, hidden, inter, generator=gen) / math.sqrt(inter)).to(CUDA, dtype)
+    x = torch.randn(tokens, hidden, generator=gen).to(CUDA, dtype)
+    topk = select_experts(torch.randn(tokens, experts, generator=gen).to(CUDA), config)
+    dispatch = StandardDispatchOutput(x, TopKOutput(topk.topk_ids, topk.topk_weights, num_experts=experts))
+    weights = DenseMoeWeights(w13=w13, w2=w2)
+    out = create_runner(FLASHINFER_CUTLASS_BF16, config).run(dispatch, CutlassBf16Weights.from_dense(weights))
+    expected = create_runner(REFERENCE_DENSE, config).run(dispatch, weights)
+    assert out.dtype == dtype and out.shape == (tokens, hidden)
+    assert relative_error(out, expected) < TOLERANCE[dtype]
