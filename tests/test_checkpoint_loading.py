@@ -20,6 +20,8 @@ from moe_core import (
     register_backend,
     select_experts,
 )
+import moe_core.backends.flashinfer_cutlass  # noqa: F401  # registers the scheme's preferred NVFP4 backends
+import moe_core.backends.flashinfer_trtllm_fp4  # noqa: F401
 from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4, ReferenceNvfp4Runner
 from moe_core.checkpoint import MoeCheckpoint
 from moe_core.expert_params import ExpertShard
@@ -192,11 +194,11 @@ def test_forced_backend_and_the_reasons_when_it_cannot_run() -> None:
         refused.process_weights_after_loading()
     # not forced: the plugin is one more choice (after the ones the scheme names), passed over with its reason
     default = checkpoint.load_into(0, CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config()))
-    assert [choice.name for choice in default.backend_choices()] == ["reference-nvfp4", "test-never-nvfp4"]
-    assert default.backend_summary() == (
-        "compressed-tensors-w4a4-nvfp4: backend reference-nvfp4; "
-        "unavailable: test-never-nvfp4 (needs a device this machine lacks)"
-    )
+    names = [choice.name for choice in default.backend_choices()]
+    assert names == ["flashinfer-trtllm-fp4", "flashinfer-cutlass-nvfp4", "reference-nvfp4", "test-never-nvfp4"]
+    summary = default.backend_summary()
+    assert summary.startswith("compressed-tensors-w4a4-nvfp4: backend reference-nvfp4; unavailable: flashinfer-trtllm-fp4 (")
+    assert summary.endswith("), test-never-nvfp4 (needs a device this machine lacks)")
 
 
 def test_mixtral_w1_w3_w2_naming_in_one_file_loads_the_same_layer(tmp_path: Path, gen: torch.Generator) -> None:

@@ -150,7 +150,8 @@ def test_format_table_aligns_columns() -> None:
 def test_info_lists_schemes_and_the_backend_each_would_choose(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info"]) == 0
     rows = table_rows(capsys.readouterr().out)
-    assert rows["compressed-tensors-w4a4-nvfp4 nvfp4"][2:] == ["reference-nvfp4", "reference-nvfp4"]
+    choices = "flashinfer-trtllm-fp4, flashinfer-cutlass-nvfp4, reference-nvfp4"
+    assert rows["compressed-tensors-w4a4-nvfp4 nvfp4"][2:] == ["reference-nvfp4", choices]
     assert rows["modelopt-nvfp4 nvfp4"][2] == "reference-nvfp4"
     assert rows["unquantized dense"][2] == "reference-dense"
 
