@@ -6,6 +6,9 @@ any device torch runs on. Two keys, one per quant info:
 - ``REFERENCE_DENSE`` runs unquantized (fp32/bf16/fp16) expert weights;
 - ``REFERENCE_NVFP4_W4A16`` runs NVFP4 weights with unquantized activations
   (dequantized weights, each half with its own global scale, in float32);
+- ``REFERENCE_FP8`` runs FP8 W8A8: each GEMM input goes through an FP8 round
+  trip with its static per-tensor scale, times the dequantized FP8 weights,
+  the gate and up halves each with its own scale;
 - ``REFERENCE_NVFP4`` runs NVFP4 W4A4 the way the FP4 kernels do: each
   GEMM's input is quantized to NVFP4 with its scalar global input scale
   (16-element E4M3 blocks) and multiplied with the dequantized FP4 weights,
@@ -27,6 +30,7 @@ import torch
 
 from moe_core import (
     DENSE,
+    FP8,
     NVFP4,
     NVFP4_W4A16,
     Availability,
@@ -35,6 +39,7 @@ from moe_core import (
     DenseMoeWeights,
     DispatchFormat,
     DispatchOutput,
+    Fp8MoeWeights,
     MoeRunnerConfig,
     Nvfp4MoeWeights,
     Nvfp4Tensor,
@@ -44,6 +49,7 @@ from moe_core import (
     check_run_values,
     register_backend,
 )
+from moe_core.fp8 import fake_quantize_fp8
 
 ExpertMlp = Callable[[int, torch.Tensor], torch.Tensor]
 """``(local expert index, float32 tokens [n, H]) -> float32 [n, H]``."""
@@ -125,6 +131,25 @@ class ReferenceNvfp4W4A16Runner:
         return run_experts(self.config, dispatch, quant_info, mlp)
 
 
+@final
+@attrs.frozen
+class ReferenceFp8Runner:
+    """Runs FP8 W8A8 experts: FP8 activations (static scales) and weights, float32 accumulation."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: Fp8MoeWeights, /) -> torch.Tensor:
+        """The ``[T, H]`` MoE output."""
+
+        def mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
+            x_q = fake_quantize_fp8(x, quant_info.w13_input_scale)
+            h = self.config.activation.apply(x_q @ quant_info.w13.dequantize_expert(expert).T)
+            h_q = fake_quantize_fp8(h, quant_info.w2_input_scale)
+            return h_q @ quant_info.w2.dequantize_expert(expert).T
+
+        return run_experts(self.config, dispatch, quant_info, mlp)
+
+
 def reference_availability(device: torch.device) -> Availability:
     """Available wherever torch can allocate a tensor that holds data."""
     if device.type == "meta":
@@ -141,6 +166,10 @@ def _dense_as_is(weights: DenseMoeWeights) -> DenseMoeWeights:
 
 
 def _nvfp4_as_is(weights: Nvfp4MoeWeights) -> Nvfp4MoeWeights:
+    return weights
+
+
+def _fp8_as_is(weights: Fp8MoeWeights) -> Fp8MoeWeights:
     return weights
 
 
@@ -161,6 +190,15 @@ REFERENCE_NVFP4: BackendKey[Nvfp4MoeWeights] = register_backend(
     conversions=[Conversion(NVFP4, _nvfp4_as_is)],
 )
 """The oracle of the NVFP4 format."""
+
+REFERENCE_FP8: BackendKey[Fp8MoeWeights] = register_backend(
+    "reference-fp8",
+    description="PyTorch, FP8 W8A8 (static per-tensor scales), float32 math",
+    factory=ReferenceFp8Runner,
+    availability=reference_availability,
+    conversions=[Conversion(FP8, _fp8_as_is)],
+)
+"""The oracle of the FP8 format."""
 
 REFERENCE_NVFP4_W4A16: BackendKey[Nvfp4MoeWeights] = register_backend(
     "reference-nvfp4-w4a16",

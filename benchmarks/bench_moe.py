@@ -3,10 +3,13 @@
 Run from the repository root (any CUDA GPU)::
 
     python benchmarks/bench_moe.py [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096,8192]
-        [--backends triton-dense,triton-nvfp4-w4a16,flashinfer-cutlass-bf16]
+        [--backends triton-dense,triton-nvfp4-w4a16,flashinfer-cutlass-bf16,flashinfer-cutlass-fp8]
 
-``flashinfer-cutlass-bf16`` runs where its backend is available (FlashInfer
-installed, SM90 or later), autotuned at each token count before it is timed.
+The FlashInfer CUTLASS rows run where their backend is available (FlashInfer
+installed, SM90 or later), autotuned at each token count before they are
+timed. FP8 is per-tensor W8A8 of the same weights, its static input scales
+calibrated on a separate random batch of 64 tokens; its error is against the
+bf16 reference, so it includes FP8's own quantization error.
 
 It measures the device's copy bandwidth and bf16 matmul rate first, in the
 same run, then prints one table per shape: per backend and token count the
@@ -38,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from moe_core import (  # noqa: E402
     DenseMoeWeights,
     ExpertQuantizeGlobalScales,
+    Fp8MoeWeights,
     LinearBlockScales,
     Nvfp4MoeWeights,
     QuantizeGlobalScale,
@@ -49,12 +53,13 @@ from moe_core import (  # noqa: E402
     select_experts,
 )
 from moe_core.backends._flashinfer import autotuning  # noqa: E402
-from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16  # noqa: E402
-from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights  # noqa: E402
+from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16, FLASHINFER_CUTLASS_FP8  # noqa: E402
+from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassFp8Weights  # noqa: E402
 from moe_core.backends.reference import REFERENCE_DENSE  # noqa: E402
 from moe_core.backends.triton import TRITON_DENSE, TRITON_NVFP4_W4A16  # noqa: E402
 from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights  # noqa: E402
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights  # noqa: E402
+from moe_core.synthetic import quantize_fp8_layer  # noqa: E402
 
 SHAPES = {
     "mixtral": (8, 2, 4096, 14336),
@@ -149,6 +154,14 @@ def quantized(w13: torch.Tensor, w2: torch.Tensor) -> Nvfp4MoeWeights:
     )
 
 
+def fp8_layer(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor) -> Fp8MoeWeights:
+    """The layer in FP8 per tensor, input scales calibrated on a random batch of 64 tokens."""
+    calibration = torch.randn(64, w13.shape[2], device=w13.device, dtype=w13.dtype)
+    topk = select_experts(torch.randn(64, config.num_experts, device=w13.device), config)
+    dispatch = StandardDispatchOutput(calibration, topk)
+    return quantize_fp8_layer(config, DenseMoeWeights(w13=w13, w2=w2), dispatch)
+
+
 def row(name: str, ms: float, flops: float, weight_bytes: float, ceilings: tuple[float, float], base: float | None) -> dict[str, object]:
     bw, rate = ceilings
     floor = max(weight_bytes / bw / 1e6, flops / rate / 1e9)
@@ -158,7 +171,7 @@ def row(name: str, ms: float, flops: float, weight_bytes: float, ceilings: tuple
     }
 
 
-BACKENDS = ("triton-dense", "triton-nvfp4-w4a16", "flashinfer-cutlass-bf16")
+BACKENDS = ("triton-dense", "triton-nvfp4-w4a16", "flashinfer-cutlass-bf16", "flashinfer-cutlass-fp8")
 """What ``--backends`` chooses from; ``torch._grouped_mm`` always runs (it is the baseline)."""
 
 
@@ -177,6 +190,13 @@ def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, ba
             runners["flashinfer cutlass bf16"] = (FLASHINFER_CUTLASS_BF16.bind(config, cutlass), 2.0, True)
         else:
             print(f"  flashinfer-cutlass-bf16 skipped: {'; '.join(verdict.reasons)}", flush=True)
+    if "flashinfer-cutlass-fp8" in backends:
+        verdict = FLASHINFER_CUTLASS_FP8.availability(w13.device)
+        if verdict.ok:
+            fp8 = CutlassFp8Weights.from_fp8(fp8_layer(config, w13, w2))
+            runners["flashinfer cutlass fp8"] = (FLASHINFER_CUTLASS_FP8.bind(config, fp8), 1.0, True)
+        else:
+            print(f"  flashinfer-cutlass-fp8 skipped: {'; '.join(verdict.reasons)}", flush=True)
     return runners
 
 

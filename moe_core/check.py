@@ -30,16 +30,16 @@ from typing import Generic, Protocol, TypeVar, final
 import attrs
 import torch
 
-from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4, REFERENCE_NVFP4_W4A16
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_FP8, REFERENCE_NVFP4, REFERENCE_NVFP4_W4A16
 from moe_core.config import MoeRunnerConfig
 from moe_core.conversion import FormatInfo, WeightFormat
 from moe_core.dispatch import StandardDispatchOutput
-from moe_core.float64_moe import float64_moe
-from moe_core.formats import DENSE, NVFP4, NVFP4_W4A16
-from moe_core.moe_weights import DenseMoeWeights, Nvfp4MoeWeights
+from moe_core.float64_moe import float64_moe, fp8_round_trips, nvfp4_round_trips
+from moe_core.formats import DENSE, FP8, NVFP4, NVFP4_W4A16
+from moe_core.moe_weights import DenseMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
 from moe_core.registry import BackendEntry, BackendKey, MoeForward
 from moe_core.runner import QuantInfo
-from moe_core.synthetic import quantize_nvfp4_layer
+from moe_core.synthetic import quantize_fp8_layer, quantize_nvfp4_layer
 
 W = TypeVar("W", bound=QuantInfo)
 
@@ -235,8 +235,11 @@ def _dense_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, we
 
 
 def _nvfp4_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Nvfp4MoeWeights) -> torch.Tensor:
-    scales = (weights.w13_input_scale, weights.w2_input_scale)
-    return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), scales)
+    return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), nvfp4_round_trips(weights))
+
+
+def _fp8_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Fp8MoeWeights) -> torch.Tensor:
+    return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), fp8_round_trips(weights))
 
 
 def _w4a16_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Nvfp4MoeWeights) -> torch.Tensor:
@@ -247,6 +250,7 @@ FORMAT_CHECKS: tuple[_Check, ...] = (
     FormatCheck(DENSE, REFERENCE_DENSE, _dense_weights, _dense_float64, "float64 MoE"),
     FormatCheck(NVFP4, REFERENCE_NVFP4, quantize_nvfp4_layer, _nvfp4_float64, "float64 W4A4 MoE"),
     FormatCheck(NVFP4_W4A16, REFERENCE_NVFP4_W4A16, quantize_nvfp4_layer, _w4a16_float64, "float64 MoE, dequantized"),
+    FormatCheck(FP8, REFERENCE_FP8, quantize_fp8_layer, _fp8_float64, "float64 W8A8 MoE"),
 )
 """The formats ``moe-core check`` knows how to check; a new format adds one entry."""
 

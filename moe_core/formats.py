@@ -1,9 +1,9 @@
-"""The canonical weight formats moe-core ships: dense, NVFP4 (W4A4) and NVFP4 weights with 16-bit activations."""
+"""The canonical weight formats moe-core ships: dense, NVFP4 (W4A4), NVFP4 weights with 16-bit activations, FP8 W8A8."""
 
 from __future__ import annotations
 
 from moe_core.conversion import WeightFormat
-from moe_core.moe_weights import DenseMoeWeights, Nvfp4MoeWeights
+from moe_core.moe_weights import DenseMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
 
 DENSE: WeightFormat[DenseMoeWeights] = WeightFormat(
     "dense", DenseMoeWeights, "unquantized fp32/bf16/fp16 expert weights"
@@ -25,3 +25,8 @@ a backend that converts from it is checked against the dense layer of the
 dequantized weights, and a scheme lists it on purpose (for instance as the
 fallback where no FP4 kernel runs), never by accident.
 """
+
+FP8: WeightFormat[Fp8MoeWeights] = WeightFormat(
+    "fp8", Fp8MoeWeights, "FP8 E4M3 W8A8 experts, per-expert per-tensor weight scales, static per-tensor input scales"
+)
+"""FP8 per-tensor W8A8 experts (:class:`Fp8MoeWeights`)."""

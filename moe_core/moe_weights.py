@@ -26,6 +26,7 @@ from moe_core._checks import (
     require_same_device,
     require_tensor,
 )
+from moe_core.fp8 import Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
 from moe_core.global_scales import QuantizeGlobalScale
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights
 
@@ -155,3 +156,52 @@ class Nvfp4MoeWeights:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> DenseMoeWeights:
         """The dense weights the codes stand for (the input scales are dropped)."""
         return DenseMoeWeights(w13=self.w13.dequantize(dtype), w2=self.w2.dequantize(dtype))
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class Fp8MoeWeights:
+    """FP8 E4M3 W8A8 expert weights: per-expert per-tensor weight scales and the static input scales of both GEMMs.
+
+    ``w13`` keeps the gate and up halves' scales apart (checkpoints store one
+    per matrix); ``w13_input_scale`` quantizes the hidden states,
+    ``w2_input_scale`` the gated activation; each is one dequantize-side scalar.
+    """
+
+    w13: Fp8GateUpWeights
+    w2: Fp8ExpertWeights
+    w13_input_scale: Fp8TensorScale
+    w2_input_scale: Fp8TensorScale
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.w13, Fp8GateUpWeights):
+            raise TypeError(f"Fp8MoeWeights.w13: expected Fp8GateUpWeights, got {type(self.w13).__name__}")
+        if not isinstance(self.w2, Fp8ExpertWeights):
+            raise TypeError(f"Fp8MoeWeights.w2: expected Fp8ExpertWeights, got {type(self.w2).__name__}")
+        for name, scale in (("w13_input_scale", self.w13_input_scale), ("w2_input_scale", self.w2_input_scale)):
+            if not isinstance(scale, Fp8TensorScale):
+                raise TypeError(f"Fp8MoeWeights.{name}: expected Fp8TensorScale, got {type(scale).__name__}")
+        _check_expert_shapes("Fp8MoeWeights", self.w13.shape, self.w2.shape)
+        require_same_device(
+            [("w13", self.w13.gate.codes), ("w2", self.w2.codes), ("w13_input_scale", self.w13_input_scale.value)]
+        )
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held (this rank's local experts)."""
+        return self.w13.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return self.w13.shape[2]
+
+    @property
+    def intermediate_size(self) -> int:
+        """I, per partition."""
+        return self.w2.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.w2.codes.device

@@ -8,8 +8,9 @@ import torch
 
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput
+from moe_core.fp8 import Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
 from moe_core.global_scales import QuantizeGlobalScale
-from moe_core.moe_weights import DenseMoeWeights, Nvfp4MoeWeights
+from moe_core.moe_weights import DenseMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights
 from moe_core.routing import select_experts
 
@@ -35,6 +36,13 @@ def random_dense_layer(
     return DenseMoeWeights(w13=w13.to(device), w2=w2.to(device)), dispatch
 
 
+def _input_amax(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, w13: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The amax of this batch's two GEMM inputs over all local experts, for ``w13 [E, 2I, H]`` as the layer runs it."""
+    x = dispatch.hidden_states.float()
+    gate_up = torch.einsum("th,eih->eti", x, w13)
+    return x.abs().amax(), config.activation.apply(gate_up).abs().amax()
+
+
 def quantize_nvfp4_layer(
     config: MoeRunnerConfig, dense: DenseMoeWeights, dispatch: StandardDispatchOutput
 ) -> Nvfp4MoeWeights:
@@ -45,14 +53,24 @@ def quantize_nvfp4_layer(
     half's) own amax.
     """
     w13 = Nvfp4GateUpWeights.quantize(dense.w13)
-    x = dispatch.hidden_states.float()
-    gate_up = torch.einsum("th,eih->eti", x, w13.dequantize())
-    activation_amax = config.activation.apply(gate_up).abs().amax()
+    hidden_amax, activation_amax = _input_amax(config, dispatch, w13.dequantize())
     return Nvfp4MoeWeights(
         w13=w13,
         w2=Nvfp4ExpertWeights.quantize(dense.w2),
-        w13_input_scale=QuantizeGlobalScale.from_amax(x.abs().amax()),
+        w13_input_scale=QuantizeGlobalScale.from_amax(hidden_amax),
         w2_input_scale=QuantizeGlobalScale.from_amax(activation_amax),
+    )
+
+
+def quantize_fp8_layer(config: MoeRunnerConfig, dense: DenseMoeWeights, dispatch: StandardDispatchOutput) -> Fp8MoeWeights:
+    """``dense`` quantized to FP8 per tensor (each expert and half its own scale), input scales calibrated on ``dispatch``."""
+    w13 = Fp8GateUpWeights.quantize(dense.w13)
+    hidden_amax, activation_amax = _input_amax(config, dispatch, w13.dequantize())
+    return Fp8MoeWeights(
+        w13=w13,
+        w2=Fp8ExpertWeights.quantize(dense.w2),
+        w13_input_scale=Fp8TensorScale.from_amax(hidden_amax),
+        w2_input_scale=Fp8TensorScale.from_amax(activation_amax),
     )
 
 

@@ -7,7 +7,11 @@ GPUs, no FlashInfer); on SM90 FlashInfer must find its fused-MoE module built
 Tolerance: relative l2 error against ``reference-dense`` on the same bf16/fp16
 weights; the kernel writes the gated activation in the activations' dtype
 before the second GEMM and accumulates the top-k sum in its own order, so
-two of that dtype's epsilons (bf16 1.6e-2, fp16 2e-3).
+two of that dtype's epsilons (bf16 1.6e-2, fp16 2e-3). FP8 against
+``reference-fp8`` on the weights with w1/w3 on their shared scale: both round
+the activation to FP8 from float32 (the kernel multiplies by the reciprocal
+scale, the reference divides, so an E4M3 rounding may differ at a tie) and
+write bf16; bound 1.6e-2.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import pytest
 import torch
 
 from moe_core import DenseMoeWeights, MoeRunnerConfig, StandardDispatchOutput, TopKOutput, create_runner, select_experts
-from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16
-from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights
-from moe_core.backends.reference import REFERENCE_DENSE
+from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16, FLASHINFER_CUTLASS_FP8
+from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassFp8Weights
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_FP8
+from moe_core.synthetic import quantize_fp8_layer
+from tests.one_scale_layers import fp8_shared_scale
 from moe_core.check import relative_error
 
 CUDA = torch.device("cuda") if torch.cuda.is_available() else None
@@ -39,9 +45,9 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_cutlass_bf16_matches_reference(shape: tuple[int, int, int, int, int, int, int], dtype: torch.dtype, gen: torch.Generator) -> None:
+def layer(
+    shape: tuple[int, int, int, int, int, int, int], dtype: torch.dtype, gen: torch.Generator
+) -> tuple[MoeRunnerConfig, DenseMoeWeights, StandardDispatchOutput]:
     assert CUDA is not None
     tokens, experts, top_k, hidden, inter, local, offset = shape
     config = MoeRunnerConfig(
@@ -52,9 +58,25 @@ def test_cutlass_bf16_matches_reference(shape: tuple[int, int, int, int, int, in
     w2 = (torch.randn(local, hidden, inter, generator=gen) / math.sqrt(inter)).to(CUDA, dtype)
     x = torch.randn(tokens, hidden, generator=gen).to(CUDA, dtype)
     topk = select_experts(torch.randn(tokens, experts, generator=gen).to(CUDA), config)
-    dispatch = StandardDispatchOutput(x, TopKOutput(topk.topk_ids, topk.topk_weights, num_experts=experts))
-    weights = DenseMoeWeights(w13=w13, w2=w2)
+    return config, DenseMoeWeights(w13=w13, w2=w2), StandardDispatchOutput(x, TopKOutput(topk.topk_ids, topk.topk_weights, num_experts=experts))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_cutlass_bf16_matches_reference(shape: tuple[int, int, int, int, int, int, int], dtype: torch.dtype, gen: torch.Generator) -> None:
+    config, weights, dispatch = layer(shape, dtype, gen)
+    tokens, hidden = dispatch.hidden_states.shape
     out = create_runner(FLASHINFER_CUTLASS_BF16, config).run(dispatch, CutlassBf16Weights.from_dense(weights))
     expected = create_runner(REFERENCE_DENSE, config).run(dispatch, weights)
     assert out.dtype == dtype and out.shape == (tokens, hidden)
     assert relative_error(out, expected) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_cutlass_fp8_matches_reference(shape: tuple[int, int, int, int, int, int, int], gen: torch.Generator) -> None:
+    config, dense, dispatch = layer(shape, torch.bfloat16, gen)
+    weights = quantize_fp8_layer(config, dense, dispatch)
+    out = create_runner(FLASHINFER_CUTLASS_FP8, config).run(dispatch, CutlassFp8Weights.from_fp8(weights))
+    expected = create_runner(REFERENCE_FP8, config).run(dispatch, fp8_shared_scale(weights))
+    assert out.dtype == torch.bfloat16 and out.shape == dispatch.hidden_states.shape
+    assert relative_error(out, expected) < 1.6e-2

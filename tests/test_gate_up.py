@@ -17,7 +17,7 @@ from moe_core import (
     select_experts,
 )
 from moe_core.backends.reference import REFERENCE_NVFP4
-from moe_core.float64_moe import float64_moe
+from moe_core.float64_moe import float64_moe, nvfp4_round_trips
 
 E, I, H = 4, 32, 64
 
@@ -50,7 +50,7 @@ def test_reference_runs_each_half_exactly(gen: torch.Generator) -> None:
     config = MoeRunnerConfig(num_experts=E, hidden_size=H, intermediate_size_per_partition=I, top_k=2)
     dispatch = StandardDispatchOutput(torch.randn(8, H, generator=gen), select_experts(torch.randn(8, E, generator=gen), config))
     out = create_runner(REFERENCE_NVFP4, config).run(dispatch, weights)
-    expected = float64_moe(config, dispatch, w13.dequantize(), w2.dequantize(), (weights.w13_input_scale, weights.w2_input_scale))
+    expected = float64_moe(config, dispatch, w13.dequantize(), w2.dequantize(), nvfp4_round_trips(weights))
     assert float((out.double() - expected).norm() / expected.norm()) < 1e-5, "float32 math against float64, same round trips"
 
 

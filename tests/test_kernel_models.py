@@ -41,6 +41,10 @@ from flashinfer.tllm_enums import ActivationType, RoutingMethodType, SfLayout
 from moe_core import (
     BackendKey,
     DenseMoeWeights,
+    ExpertFp8Scales,
+    Fp8ExpertWeights,
+    Fp8GateUpWeights,
+    Fp8MoeWeights,
     GateUpScalePolicy,
     LinearBlockScales,
     MoeRunnerConfig,
@@ -54,20 +58,21 @@ from moe_core import (
     select_experts,
 )
 from moe_core.backends._flashinfer import BackendUnavailableError, FlashinferApiError, require_parameters
-from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16, FLASHINFER_CUTLASS_NVFP4
+from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16, FLASHINFER_CUTLASS_FP8, FLASHINFER_CUTLASS_NVFP4
 from moe_core.backends.flashinfer_cutlass.kernel import CutlassKernels
-from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassNvfp4Weights
+from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassFp8Weights, CutlassNvfp4Weights
 from moe_core.backends.flashinfer_cutlass.runner import CutlassRunner
 from moe_core.backends.flashinfer_trtllm_fp4 import FLASHINFER_TRTLLM_FP4
 from moe_core.backends.flashinfer_trtllm_fp4.kernel import TrtllmFp4Kernels, load_kernels
 from moe_core.backends.flashinfer_trtllm_fp4.quant_info import TrtllmFp4Weights
 from moe_core.backends.flashinfer_trtllm_fp4.runner import TrtllmFp4Runner
-from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_FP8, REFERENCE_NVFP4
 from moe_core.check import relative_error
-from moe_core.synthetic import quantize_nvfp4_layer, random_dense_layer
+from moe_core.synthetic import quantize_fp8_layer, quantize_nvfp4_layer, random_dense_layer
 from tests.kernel_models import cutlass_fused_moe as cutlass_model
 from tests.kernel_models import trtllm_fp4 as trtllm_model
 from tests.kernel_models.nvfp4_layouts import unswizzle
+from tests.one_scale_layers import fp8_shared_scale, nvfp4_shared_scale
 
 TOLERANCE = 3e-3
 """Relative l2 error of an adapter on its kernel's model against the reference (see the module docstring)."""
@@ -164,17 +169,6 @@ def without_logits(dispatch: StandardDispatchOutput) -> StandardDispatchOutput:
 
 def nvfp4_reference(config: MoeRunnerConfig, weights: Nvfp4MoeWeights, dispatch: StandardDispatchOutput) -> torch.Tensor:
     return create_runner(REFERENCE_NVFP4, config).run(dispatch, weights)
-
-
-def shared_scales(weights: Nvfp4MoeWeights) -> Nvfp4MoeWeights:
-    """The same layer with w1/w3 fused onto one scale per expert (what a one-alpha kernel runs), split back into halves."""
-    fused = weights.w13.with_shared_global_scales(GateUpScalePolicy.RESCALE_BLOCK_SCALES)
-    inter = weights.intermediate_size
-    halves = [
-        Nvfp4ExpertWeights(fused.packed[:, rows], LinearBlockScales.from_checkpoint(fused.block_scales.data[:, rows]), fused.global_scales)
-        for rows in (slice(0, inter), slice(inter, 2 * inter))
-    ]
-    return attrs.evolve(weights, w13=Nvfp4GateUpWeights(gate=halves[0], up=halves[1]))
 
 
 def expect_refusal(key: BackendKey[Any], cpu_reasons: str) -> None:
@@ -305,11 +299,22 @@ class TestCutlass:
         out = CutlassRunner[CutlassNvfp4Weights](config, kernels=cutlass_model_kernels()).run(
             dispatch, CutlassNvfp4Weights.from_nvfp4_rescaled(weights)
         )
-        assert relative_error(out, nvfp4_reference(config, shared_scales(weights), dispatch)) < TOLERANCE
+        assert relative_error(out, nvfp4_reference(config, nvfp4_shared_scale(weights), dispatch)) < TOLERANCE
+
+    @pytest.mark.parametrize("shape", SHAPES, ids=str)
+    def test_fp8_matches_reference(self, shape: tuple[int, int, int, int, int, int, int], gen: torch.Generator) -> None:
+        config, dense, _, dispatch = layer(shape, gen)
+        weights = quantize_fp8_layer(config, dense, dispatch)
+        kernels = cutlass_model_kernels()
+        out = CutlassRunner[CutlassFp8Weights](config, kernels=kernels).run(dispatch, CutlassFp8Weights.from_fp8(weights))
+        expected = create_runner(REFERENCE_FP8, config).run(dispatch, fp8_shared_scale(weights))
+        assert relative_error(out, expected) < TOLERANCE
+        assert isinstance(kernels.fused_moe, Recorder)
+        assert kernels.fused_moe.calls[0].arguments["input"].dtype == torch.float8_e4m3fn
 
     def test_nvfp4_equal_scales_are_exact_without_rescaling(self, gen: torch.Generator) -> None:
         config, _, weights, dispatch = layer((37, 8, 2, 256, 128, 8, 0), gen)
-        equal = shared_scales(weights)
+        equal = nvfp4_shared_scale(weights)
         quant_info = CutlassNvfp4Weights.from_nvfp4(equal, gate_up=GateUpScalePolicy.REQUIRE_EQUAL)
         out = CutlassRunner[CutlassNvfp4Weights](config, kernels=cutlass_model_kernels()).run(dispatch, quant_info)
         assert relative_error(out, nvfp4_reference(config, equal, dispatch)) < TOLERANCE
@@ -322,7 +327,7 @@ class TestCutlass:
         out = CutlassRunner[CutlassNvfp4Weights](config, kernels=cutlass_model_kernels()).run(
             dispatch, CutlassNvfp4Weights.from_nvfp4_rescaled(weights)
         )
-        assert relative_error(out, nvfp4_reference(config, shared_scales(weights), dispatch)) < TOLERANCE
+        assert relative_error(out, nvfp4_reference(config, nvfp4_shared_scale(weights), dispatch)) < TOLERANCE
 
     def test_wrong_fc1_half_order_is_caught(self, gen: torch.Generator) -> None:
         config, dense, _, dispatch = layer((37, 8, 2, 256, 128, 8, 0), gen)
@@ -336,7 +341,7 @@ class TestCutlass:
         kernels = cutlass_model_kernels()
         CutlassRunner[CutlassNvfp4Weights](config, kernels=kernels).run(dispatch, CutlassNvfp4Weights.from_nvfp4_rescaled(weights))
         assert isinstance(kernels.fused_moe, Recorder)
-        return config, shared_scales(weights), dispatch, kernels.fused_moe.calls[0]
+        return config, nvfp4_shared_scale(weights), dispatch, kernels.fused_moe.calls[0]
 
     def test_one_element_input_scale_is_refused(self, gen: torch.Generator) -> None:
         """The kernel takes a 0-d scalar or one per expert: a ``[1]`` tensor (our scale's storage) is neither."""
@@ -360,10 +365,11 @@ class TestCutlass:
 
     def test_create_runner_says_why_not_here(self) -> None:
         expect_refusal(FLASHINFER_CUTLASS_NVFP4, "needs a CUDA GPU of SM100 or SM103 or SM110 or SM120 or SM121, not cpu")
-        if torch.cuda.is_available():
-            assert FLASHINFER_CUTLASS_BF16.availability(torch.device("cuda")).ok == (torch.cuda.get_device_capability() >= (9, 0))
-        else:
-            expect_refusal(FLASHINFER_CUTLASS_BF16, "needs a CUDA GPU of SM90 or later, not cpu")
+        for key in (FLASHINFER_CUTLASS_BF16, FLASHINFER_CUTLASS_FP8):
+            if torch.cuda.is_available():
+                assert key.availability(torch.device("cuda")).ok == (torch.cuda.get_device_capability() >= (9, 0))
+            else:
+                expect_refusal(key, "needs a CUDA GPU of SM90 or later, not cpu")
 
 
 def test_a_missing_keyword_names_the_installed_version() -> None:

@@ -17,7 +17,7 @@ from moe_core import (
     create_runner,
 )
 from moe_core.check import relative_error
-from moe_core.float64_moe import float64_moe
+from moe_core.float64_moe import float64_moe, nvfp4_round_trips
 from moe_core.synthetic import random_nvfp4_layer
 from tests.devices import DEVICES
 
@@ -53,7 +53,7 @@ CONFIGS = [
 def test_nvfp4_matches_float64_w4a4(gen: torch.Generator, config: MoeRunnerConfig, device: torch.device) -> None:
     weights, dispatch = layer(gen, config, device=device)
     w13, w2 = weights.w13.dequantize(), weights.w2.dequantize()
-    scales = (weights.w13_input_scale, weights.w2_input_scale)
+    scales = nvfp4_round_trips(weights)
 
     out = create_runner(REFERENCE_NVFP4, config).run(dispatch, weights)
 

@@ -38,7 +38,7 @@ from moe_core import (
 from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
 from moe_core.check import relative_error
 from moe_core.checkpoint import MoeCheckpoint
-from moe_core.float64_moe import float64_moe
+from moe_core.float64_moe import float64_moe, nvfp4_round_trips
 from moe_core.moe_weights import DenseMoeWeights
 from moe_core.scheme import ExpertScheme
 from moe_core.schemes.compressed_tensors_w4a4_nvfp4 import CompressedTensorsW4A4Nvfp4MoE
@@ -117,7 +117,7 @@ def test_nvfp4_layer_matches_decompressed_checkpoint_through_a_float_moe(
     # W4A4 with the checkpoint's collapsed input scales, in float64 on the canonical weights
     w4a4 = float64_moe(
         scheme.config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(),
-        (weights.w13_input_scale, weights.w2_input_scale),
+        nvfp4_round_trips(weights),
     )
     assert relative_error(out, w4a4) < BF16_OUTPUT
     # and against the independently decompressed weights through a plain float MoE: activation quantization only,
@@ -177,7 +177,7 @@ def test_tiny_expert_keeps_its_weights_and_its_w4a4_activations_underflow_the_sh
     assert relative_error(w4a16, expected_w4a16) < BF16_OUTPUT
     w4a4_oracle = float64_moe(
         scheme.config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(),
-        (weights.w13_input_scale, weights.w2_input_scale),
+        nvfp4_round_trips(weights),
     )
     assert torch.count_nonzero(w4a4_oracle) == 0
     assert torch.count_nonzero(scheme.apply(dispatch)) == 0

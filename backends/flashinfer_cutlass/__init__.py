@@ -1,4 +1,4 @@
-"""FlashInfer's CUTLASS fused MoE: bf16/fp16 experts on SM90 and later, NVFP4 W4A4 on SM100/SM110/SM120.
+"""FlashInfer's CUTLASS fused MoE: bf16/fp16 and FP8 W8A8 experts on SM90 and later, NVFP4 W4A4 on SM100/SM110/SM120.
 
 :mod:`.quant_info` holds one quant info per format, built once from the
 canonical weights; :mod:`.runner` calls the kernel; :mod:`.kernel` is the one
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from moe_core import DENSE, NVFP4, Availability, BackendKey, Conversion, MoeRunnerConfig, Runner, register_backend
+from moe_core import DENSE, FP8, NVFP4, Availability, BackendKey, Conversion, MoeRunnerConfig, Runner, register_backend
 from moe_core.backends._flashinfer import device_reasons, require_available
-from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassNvfp4Weights
+from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassFp8Weights, CutlassNvfp4Weights
 
 DENSE_CAPABILITY = (9, 0)
 """The bf16 grouped GEMMs run on SM90 and later."""
@@ -25,7 +25,7 @@ NVFP4_CAPABILITIES = ((10, 0), (10, 3), (11, 0), (12, 0), (12, 1))
 
 
 def bf16_availability(device: torch.device) -> Availability:
-    """FlashInfer installed and a CUDA GPU of SM90 or later."""
+    """FlashInfer installed and a CUDA GPU of SM90 or later (bf16/fp16 and FP8)."""
     return Availability(tuple(device_reasons(device, (DENSE_CAPABILITY,), minimum=True)))
 
 
@@ -41,6 +41,15 @@ def _bf16_runner(config: MoeRunnerConfig) -> Runner[CutlassBf16Weights]:
     from moe_core.backends.flashinfer_cutlass.runner import CutlassRunner
 
     return CutlassRunner[CutlassBf16Weights](config, kernels=load_kernels())
+
+
+def _fp8_runner(config: MoeRunnerConfig) -> Runner[CutlassFp8Weights]:
+    """The FP8 runner over FlashInfer's kernel; refuses where the backend cannot run."""
+    require_available("flashinfer-cutlass-fp8", bf16_availability)
+    from moe_core.backends.flashinfer_cutlass.kernel import load_kernels
+    from moe_core.backends.flashinfer_cutlass.runner import CutlassRunner
+
+    return CutlassRunner[CutlassFp8Weights](config, kernels=load_kernels())
 
 
 def _nvfp4_runner(config: MoeRunnerConfig) -> Runner[CutlassNvfp4Weights]:
@@ -60,6 +69,15 @@ FLASHINFER_CUTLASS_BF16: BackendKey[CutlassBf16Weights] = register_backend(
     conversions=[Conversion(DENSE, CutlassBf16Weights.from_dense)],
 )
 """bf16/fp16 experts through ``cutlass_fused_moe``."""
+
+FLASHINFER_CUTLASS_FP8: BackendKey[CutlassFp8Weights] = register_backend(
+    "flashinfer-cutlass-fp8",
+    description="FlashInfer CUTLASS fused MoE, FP8 per-tensor W8A8, w1/w3 on one scale per expert (SM90+)",
+    factory=_fp8_runner,
+    availability=bf16_availability,
+    conversions=[Conversion(FP8, CutlassFp8Weights.from_fp8)],
+)
+"""FP8 per-tensor W8A8 experts through ``cutlass_fused_moe``."""
 
 FLASHINFER_CUTLASS_NVFP4: BackendKey[CutlassNvfp4Weights] = register_backend(
     "flashinfer-cutlass-nvfp4",

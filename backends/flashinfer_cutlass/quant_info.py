@@ -6,6 +6,13 @@ FC1 rows are ``[up; gate]`` for this kernel (FlashInfer's
 ``../shared/flashinfer-h200``: the other order gives a relative error of 0.77).
 
 - :class:`CutlassBf16Weights`: bf16/fp16 experts (SM90 and later).
+- :class:`CutlassFp8Weights`: FP8 per-tensor W8A8 (SM90 and later). One FC1
+  scale per expert, so w1/w3 are fused onto the larger of their scales
+  (:meth:`~moe_core.Fp8GateUpWeights.with_shared_scale`); the four
+  ``quant_scales`` are the named :class:`CutlassFp8QuantScales`, laid out as
+  the binding reads them (``getQuantParams``, FP8 branch: ``fc1_dequant [E]``,
+  ``fc2_quant`` 0-d, ``fc2_dequant [E]``, ``fc1_input_dequant`` 0-d); the
+  runner quantizes the hidden states with the static input scale.
 - :class:`CutlassNvfp4Weights`: NVFP4 W4A4 (SM100/SM110/SM120). The weights go
   as the int64 views the API takes (16 codes each), the E4M3 block scales
   128x4-swizzled as int32 views, and the six ``quant_scales`` as the named,
@@ -23,6 +30,9 @@ import torch
 
 from moe_core import (
     DenseMoeWeights,
+    ExpertFp8Scales,
+    Fp8MoeWeights,
+    Fp8TensorScale,
     ExpertQuantizeGlobalScales,
     GateUpScalePolicy,
     LinearBlockScales,
@@ -32,6 +42,7 @@ from moe_core import (
 )
 from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
 from moe_core.backends._flashinfer import ExpertKernelScalars
+from moe_core.fp8 import quantize_fp8
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 """Dense weight dtypes the kernel multiplies; float32 canonical weights are rounded to bf16."""
@@ -80,10 +91,9 @@ class CutlassBf16Weights:
         dtype = weights.w13.dtype if weights.w13.dtype in KERNEL_DTYPES else torch.bfloat16
         return cls(fc1=_up_gate(weights.w13.to(dtype)), fc2=weights.w2.to(dtype).contiguous())
 
-    @property
-    def input_dtype(self) -> torch.dtype:
-        """The dtype the hidden states enter the kernel in: the weights'."""
-        return self.fc1.dtype
+    def kernel_input(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The hidden states in the weights' dtype."""
+        return hidden_states.to(self.fc1.dtype)
 
     def kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
         """``fc1_expert_weights``, ``fc2_expert_weights`` and ``quant_scales`` (none for bf16)."""
@@ -219,10 +229,9 @@ class CutlassNvfp4Weights:
         """:meth:`from_nvfp4` under ``RESCALE_BLOCK_SCALES``: the registered conversion (exact where w1/w3 agree)."""
         return cls.from_nvfp4(weights, gate_up=GateUpScalePolicy.RESCALE_BLOCK_SCALES)
 
-    @property
-    def input_dtype(self) -> torch.dtype:
-        """The hidden states enter in bf16; the kernel quantizes them with ``fc1_input_scale``."""
-        return torch.bfloat16
+    def kernel_input(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The hidden states in bf16; the kernel quantizes them with ``fc1_input_scale``."""
+        return hidden_states.to(torch.bfloat16)
 
     def kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
         """``fc1_expert_weights``, ``fc2_expert_weights`` and the six ``quant_scales``."""
@@ -242,6 +251,106 @@ class CutlassNvfp4Weights:
     def intermediate_size(self) -> int:
         """I."""
         return int(self.fc1.shape[1]) // 2
+
+    @property
+    def device(self) -> torch.device:
+        """Where the tensors live."""
+        return self.fc1.device
+
+
+@final
+@attrs.frozen(eq=False)
+class CutlassFp8Dequant(ExpertKernelScalars):
+    """One GEMM's per-expert dequantize factor ``weight_scale * input_scale`` (dequantize-side FP8 scales)."""
+
+    @classmethod
+    def from_scales(cls, *, weights: ExpertFp8Scales, inputs: Fp8TensorScale) -> CutlassFp8Dequant:
+        """From the weights' per-expert scales and the GEMM input's static scale."""
+        return cls(_value=weights.value.to(torch.float32) * inputs.value.to(torch.float32))
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class CutlassFp8QuantScales:
+    """The four ``quant_scales`` of FP8 per-tensor W8A8, by name (the binding's order)."""
+
+    fc1_dequant: CutlassFp8Dequant
+    fc2_input_scale: Fp8TensorScale
+    """Quantizes the gated activation (the kernel multiplies by its reciprocal)."""
+    fc2_dequant: CutlassFp8Dequant
+    fc1_input_scale: Fp8TensorScale
+    """The hidden states' static scale (the runner quantizes with it)."""
+
+    def as_kernel_list(self) -> list[torch.Tensor]:
+        """``[fc1_dequant [E], 1 / fc2_input 0-d, fc2_dequant [E], fc1_input 0-d]``."""
+        return [
+            self.fc1_dequant.value,
+            torch.reciprocal(self.fc2_input_scale.value).reshape(()),
+            self.fc2_dequant.value,
+            self.fc1_input_scale.value.reshape(()),
+        ]
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class CutlassFp8Weights:
+    """FP8 per-tensor W8A8 experts for the CUTLASS kernel: ``fc1 [E, 2I, H]`` rows ``[up; gate]``, ``fc2 [E, H, I]``."""
+
+    fc1: torch.Tensor
+    fc2: torch.Tensor
+    scales: CutlassFp8QuantScales
+
+    def __attrs_post_init__(self) -> None:
+        for name, tensor in (("fc1", self.fc1), ("fc2", self.fc2)):
+            require_tensor(f"CutlassFp8Weights.{name}", tensor)
+            require_dtype(f"CutlassFp8Weights.{name}", tensor, (torch.float8_e4m3fn,))
+            require_ndim(f"CutlassFp8Weights.{name}", tensor, 3, "[num_experts, out_features, in_features]")
+        experts, rows, hidden = (int(d) for d in self.fc1.shape)
+        if rows % 2 or tuple(self.fc2.shape) != (experts, hidden, rows // 2):
+            raise ValueError(f"CutlassFp8Weights.fc2: expected shape {(experts, hidden, rows // 2)}, got {tuple(self.fc2.shape)}")
+        for name, dequant in (("fc1_dequant", self.scales.fc1_dequant), ("fc2_dequant", self.scales.fc2_dequant)):
+            if dequant.num_experts != experts:
+                raise ValueError(f"CutlassFp8Weights.scales.{name}: expected {experts} experts, got {dequant.num_experts}")
+        require_same_device([("fc1", self.fc1), ("fc2", self.fc2), ("fc1_dequant", self.scales.fc1_dequant.value)])
+
+    @classmethod
+    def from_fp8(cls, weights: Fp8MoeWeights) -> CutlassFp8Weights:
+        """The once-after-loading conversion: w1/w3 on one scale per expert, ``[up; gate]``, the four scales."""
+        fused = weights.w13.with_shared_scale()
+        hidden_scale, activation_scale = weights.w13_input_scale, weights.w2_input_scale
+        return cls(
+            fc1=_up_gate(fused.codes),
+            fc2=weights.w2.codes.contiguous(),
+            scales=CutlassFp8QuantScales(
+                fc1_dequant=CutlassFp8Dequant.from_scales(weights=fused.scales, inputs=hidden_scale),
+                fc2_input_scale=activation_scale,
+                fc2_dequant=CutlassFp8Dequant.from_scales(weights=weights.w2.scales, inputs=activation_scale),
+                fc1_input_scale=hidden_scale,
+            ),
+        )
+
+    def kernel_input(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The hidden states quantized to FP8 with the static input scale (the kernel takes FP8 input)."""
+        return quantize_fp8(hidden_states, self.scales.fc1_input_scale.value)
+
+    def kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
+        """``fc1_expert_weights``, ``fc2_expert_weights`` and the four ``quant_scales``."""
+        return self.fc1, self.fc2, self.scales.as_kernel_list()
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held."""
+        return int(self.fc1.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return int(self.fc1.shape[2])
+
+    @property
+    def intermediate_size(self) -> int:
+        """I."""
+        return int(self.fc2.shape[2])
 
     @property
     def device(self) -> torch.device:

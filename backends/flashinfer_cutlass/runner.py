@@ -1,8 +1,8 @@
 """The CUTLASS fused-MoE runner: one kernel call per forward, into a preallocated output.
 
 One runner class serves every format: each quant info hands over its
-kernel operands (:meth:`CutlassQuantInfo.kernel_operands`) and the dtype the
-hidden states enter in. Expert parallelism goes as the kernel's
+kernel operands (:meth:`CutlassQuantInfo.kernel_operands`) and the hidden
+states as the kernel takes them (:meth:`CutlassQuantInfo.kernel_input`). Expert parallelism goes as the kernel's
 ``ep_size``/``ep_rank``, so the config's local experts must be one of
 ``num_experts / num_local_experts`` equal slices. Checks read metadata only.
 """
@@ -24,9 +24,8 @@ OUTPUT_DTYPES = (torch.bfloat16, torch.float16)
 class CutlassQuantInfo(QuantInfo, Protocol):
     """What the runner needs of a CUTLASS quant info besides the common facts."""
 
-    @property
-    def input_dtype(self) -> torch.dtype:
-        """The dtype the hidden states are passed in."""
+    def kernel_input(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The hidden states as the kernel takes them (cast, or quantized with a static scale)."""
         ...
 
     def kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
@@ -71,7 +70,7 @@ class CutlassRunner(Generic[Q]):
         check_run_inputs(config, dispatch, quant_info, (DispatchFormat.STANDARD,))
         hidden = dispatch.hidden_states
         out_dtype = hidden.dtype if hidden.dtype in OUTPUT_DTYPES else torch.bfloat16
-        x = hidden.to(quant_info.input_dtype)
+        x = quant_info.kernel_input(hidden)
         weights = dispatch.topk.topk_weights
         if config.routed_scaling_factor != 1.0:
             weights = weights * config.routed_scaling_factor

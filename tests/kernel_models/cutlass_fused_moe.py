@@ -1,4 +1,4 @@
-"""Pure-PyTorch model of ``flashinfer.fused_moe.cutlass_fused_moe`` for bf16/fp16 and NVFP4 W4A4 experts.
+"""Pure-PyTorch model of ``flashinfer.fused_moe.cutlass_fused_moe`` for bf16/fp16, FP8 per-tensor and NVFP4 W4A4 experts.
 
 It has the installed function's exact signature (tests/test_kernel_models.py
 checks it against flashinfer 0.7.4), refuses what the binding refuses, raises
@@ -13,7 +13,9 @@ kernel computes. Rules, each from FlashInfer's source:
   int32 ``[E, 2I, H / 16 / 4]``, ``fc1_global`` float32 ``[E]``, then the same
   three for FC2 (``[E, H, I / 16 / 4]``). A bf16 input is quantized by the
   kernel with ``fc1_act_global`` (the docstring: "For NVFP4, both quantized and
-  non-quantized inputs are supported").
+  non-quantized inputs are supported"). FP8 (E4M3 weights; "For FP8, the input
+  must be quantized") takes four: ``fc1_dequant`` float32 ``[E]``, ``fc2_quant``
+  0-d or ``[E]``, ``fc2_dequant`` ``[E]``, ``fc1_input_dequant`` 0-d.
 - Layout: FC1 rows ``[up; gate]`` (``tests/moe/test_trtllm_cutlass_fused_moe.py``
   ``compute_with_experts``: ``w3_expert, w1_expert = torch.chunk(w31_weight, 2)``),
   weight block scales 128x4-swizzled (the same test's ``convert_swizzled_to_linear``).
@@ -22,7 +24,9 @@ kernel computes. Rules, each from FlashInfer's source:
 - Numerics: ``silu(gate) * up`` per expert; bf16/fp16 experts write it in the
   input dtype before FC2 (the kernel's intermediate buffer is of the activation
   type); NVFP4 multiplies each GEMM's accumulator by its alpha and quantizes
-  the activation with ``fc2_act_global``; the output is the routing-weighted sum.
+  the activation with ``fc2_act_global``; FP8 multiplies FC1's accumulator by
+  ``fc1_dequant``, quantizes the activation as ``e4m3(h * fc2_quant)`` and
+  multiplies FC2's by ``fc2_dequant``; the output is the routing-weighted sum.
 """
 
 from __future__ import annotations
@@ -114,10 +118,12 @@ def cutlass_fused_moe(
     if any(extra is not None for extra in extras) or tp_size != 1 or cluster_size != 1 or enable_alltoall or min_latency_mode:
         raise NotImplementedError("the model covers plain SwiGLU experts without biases, TP, clusters or all-to-all")
     if use_deepseek_fp8_block_scale or use_w4_group_scaling or use_mxfp8_act_scaling or use_packed_weights or use_wfp4afp8_humming:
-        raise NotImplementedError("the model covers bf16/fp16 and NVFP4 only")
+        raise NotImplementedError("the model covers bf16/fp16, FP8 per-tensor and NVFP4 only")
     if activation_type != ActivationType.Swiglu:
         raise NotImplementedError(f"the model covers SwiGLU only, not {activation_type}")
-    _require(input.dtype in (torch.bfloat16, torch.float16), f"input must be bf16 or fp16 here, got {input.dtype}")
+    fp8 = fc1_expert_weights.dtype == torch.float8_e4m3fn
+    allowed = (torch.float8_e4m3fn,) if fp8 else (torch.bfloat16, torch.float16)
+    _require(input.dtype in allowed, f"input must be {' or '.join(map(str, allowed))} for these weights, got {input.dtype}")
     tokens, hidden = input.shape
     ids, weights = token_selected_experts, token_final_scales
     _require(ids.dtype == torch.int32 and ids.dim() == 2 and ids.shape[0] == tokens, "token_selected_experts must be int32 [T, top_k]")
@@ -134,6 +140,16 @@ def cutlass_fused_moe(
         a1, a2 = _per_expert("fc1 act global", fc1_act, experts), _per_expert("fc2 act global", fc2_act, experts)
         _check("fc1 global", fc1_alpha, torch.float32, (experts,))
         _check("fc2 global", fc2_alpha, torch.float32, (experts,))
+    elif fp8:
+        _require(quant_scales is not None and len(quant_scales) == 4, "Expecting 4 quant scales for fp8 quantization")
+        fc1_dequant, fc2_quant, fc2_dequant, fc1_input_dequant = quant_scales
+        inter = int(fc1_expert_weights.shape[1]) // 2
+        _check("fc1_expert_weights", fc1_expert_weights, torch.float8_e4m3fn, (experts, 2 * inter, hidden))
+        _check("fc2_expert_weights", fc2_expert_weights, torch.float8_e4m3fn, (experts, hidden, inter))
+        _check("fc1_dequant", fc1_dequant, torch.float32, (experts,))
+        _check("fc2_dequant", fc2_dequant, torch.float32, (experts,))
+        _check("fc1_input_dequant", fc1_input_dequant, torch.float32, ())
+        fc2_quant_per_expert = _per_expert("fc2 quant", fc2_quant, experts)
     else:
         _require(quant_scales is None or len(quant_scales) == 0, "unquantized experts take no quant_scales")
         _require(fc1_expert_weights.dtype == input.dtype, f"fc1_expert_weights must be {input.dtype} like input, got {fc1_expert_weights.dtype}")
@@ -155,6 +171,11 @@ def cutlass_fused_moe(
             h = torch.nn.functional.silu(acc1[:, inter:]) * acc1[:, :inter]
             h_values, h_scales = quantize_blocks(h, a2[local])
             y = (dequantize(h_values, h_scales) @ w2[local].T) * fc2_alpha[local]
+        elif fp8:
+            acc1 = (x.float() @ fc1_expert_weights[local].float().T) * fc1_dequant[local]
+            h = torch.nn.functional.silu(acc1[:, inter:]) * acc1[:, :inter]
+            h_codes = (h * fc2_quant_per_expert[local]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+            y = (h_codes.float() @ fc2_expert_weights[local].float().T) * fc2_dequant[local]
         else:
             acc1 = x.float() @ fc1_expert_weights[local].float().T
             h = (torch.nn.functional.silu(acc1[:, inter:]) * acc1[:, :inter]).to(input.dtype)

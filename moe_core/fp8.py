@@ -1,0 +1,152 @@
+"""FP8 E4M3 W8A8 with per-tensor scales: the scale types and the expert weights.
+
+FP8 checkpoints (compressed-tensors and ModelOpt "FP8 per-tensor") store
+dequantize-side scales, ``x ~= e4m3 * scale`` with ``scale = amax / 448``: one per
+expert weight matrix (w1 and w3 apart) and one static scale per GEMM input.
+There is one convention, but a scalar and a per-expert vector are different
+types, as for NVFP4: a kernel's one input scale is made from several only
+under a named :class:`~moe_core.global_scales.ExpertScalePolicy`.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+import torch
+
+from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
+from moe_core.global_scales import (
+    E4M3_MAX,
+    ExpertScalePolicy,
+    _checkpoint_values,
+    _collapse,
+    _expert_amax,
+    _ExpertScales,
+    _scalar_amax,
+    _ScalarScale,
+)
+
+
+@final
+@attrs.frozen(eq=False)
+class Fp8TensorScale(_ScalarScale):
+    """Dequantize-side scalar FP8 scale ``amax / 448``, shape ``[1]``."""
+
+    @classmethod
+    def from_amax(cls, amax: float | torch.Tensor) -> Fp8TensorScale:
+        """The scale that maps ``amax`` (one value > 0) onto 448."""
+        return cls(_value=_scalar_amax(amax) / E4M3_MAX)
+
+    @classmethod
+    def from_checkpoint(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> Fp8TensorScale:
+        """The scalar from checkpoint values of any shape; several become one under ``policy`` (conservative: the largest)."""
+        values = _checkpoint_values(cls.__name__, tensor)
+        return cls(_value=_collapse(cls.__name__, values, policy, values.max()))
+
+
+@final
+@attrs.frozen(eq=False)
+class ExpertFp8Scales(_ExpertScales):
+    """Dequantize-side FP8 scales, one per expert matrix, ``[E]`` float32."""
+
+    @classmethod
+    def from_amax(cls, amax: torch.Tensor) -> ExpertFp8Scales:
+        """One scale per expert from per-expert amax values ``[E]``."""
+        return cls(_value=_expert_amax(amax) / E4M3_MAX)
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x / scale`` saturated to +-448 and rounded to E4M3; ``scale`` broadcasts against ``x``."""
+    return (x.to(torch.float32) / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def fake_quantize_fp8(x: torch.Tensor, scale: Fp8TensorScale) -> torch.Tensor:
+    """``x`` after an FP8 round trip with a static per-tensor scale, as float32."""
+    return quantize_fp8(x, scale.value).to(torch.float32) * scale.value
+
+
+@final
+@attrs.frozen(eq=False)
+class Fp8ExpertWeights:
+    """Stacked FP8 expert matrices ``[E, rows, cols]``, one dequantize-side scale per expert."""
+
+    codes: torch.Tensor
+    """float8_e4m3fn ``[E, rows, cols]``."""
+    scales: ExpertFp8Scales
+
+    def __attrs_post_init__(self) -> None:
+        require_tensor("Fp8ExpertWeights.codes", self.codes)
+        require_dtype("Fp8ExpertWeights.codes", self.codes, (torch.float8_e4m3fn,))
+        require_ndim("Fp8ExpertWeights.codes", self.codes, 3, "[num_experts, rows, cols]")
+        if not isinstance(self.scales, ExpertFp8Scales):
+            raise TypeError(f"Fp8ExpertWeights.scales: expected ExpertFp8Scales, got {type(self.scales).__name__}")
+        if self.scales.num_experts != self.codes.shape[0]:
+            raise ValueError(f"Fp8ExpertWeights.scales: expected {self.codes.shape[0]} experts, got {self.scales.num_experts}")
+        require_same_device([("codes", self.codes), ("scales", self.scales.value)])
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(num_experts, rows, cols)``."""
+        experts, rows, cols = self.codes.shape
+        return int(experts), int(rows), int(cols)
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor) -> Fp8ExpertWeights:
+        """Quantize float weights ``[E, rows, cols]``, each expert with the scale of its own amax."""
+        require_ndim("w", w, 3, "[num_experts, rows, cols]")
+        amax = w.detach().abs().amax(dim=(1, 2)).to(torch.float32)
+        scales = ExpertFp8Scales.from_amax(torch.where(amax > 0, amax, torch.ones_like(amax)))
+        return cls(quantize_fp8(w, scales.value.reshape(-1, 1, 1)), scales)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The values the codes stand for, ``[E, rows, cols]``."""
+        return (self.codes.to(torch.float32) * self.scales.value.reshape(-1, 1, 1)).to(dtype)
+
+    def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """One expert's ``[rows, cols]``."""
+        return (self.codes[expert].to(torch.float32) * self.scales.value[expert]).to(dtype)
+
+
+@final
+@attrs.frozen(eq=False)
+class Fp8GateUpWeights:
+    """The fused first GEMM ``w13 [E, 2I, H]`` in FP8: gate (w1) and up (w3) halves, each with its own scales."""
+
+    gate: Fp8ExpertWeights = attrs.field(kw_only=True)
+    up: Fp8ExpertWeights = attrs.field(kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        if self.gate.shape != self.up.shape:
+            raise ValueError(f"Fp8GateUpWeights.up: expected shape {self.gate.shape} like gate, got {self.up.shape}")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The logical ``(num_experts, 2 * I, H)``."""
+        experts, rows, cols = self.gate.shape
+        return experts, 2 * rows, cols
+
+    @classmethod
+    def quantize(cls, w13: torch.Tensor) -> Fp8GateUpWeights:
+        """Quantize ``w13 [E, 2I, H]`` (gate rows first), each half with the scales of its own amax."""
+        gate, up = w13.chunk(2, dim=1)
+        return cls(gate=Fp8ExpertWeights.quantize(gate), up=Fp8ExpertWeights.quantize(up))
+
+    def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """One expert's ``[2I, H]``, each half with its own scale."""
+        return torch.cat((self.gate.dequantize_expert(expert, dtype), self.up.dequantize_expert(expert, dtype)))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``[E, 2I, H]``, each half with its own scales."""
+        return torch.cat((self.gate.dequantize(dtype), self.up.dequantize(dtype)), dim=1)
+
+    def with_shared_scale(self) -> Fp8ExpertWeights:
+        """The fused ``[E, 2I, H]`` on one scale per expert (the larger of the two), for kernels with one FC1 scale.
+
+        The half with the smaller scale is requantized onto the larger one
+        (its codes rounded again; exact where the two scales are equal), as
+        vLLM does for FP8 MoE checkpoints.
+        """
+        shared = torch.maximum(self.gate.scales.value, self.up.scales.value)
+        halves = [quantize_fp8(half.dequantize(), shared.reshape(-1, 1, 1)) for half in (self.gate, self.up)]
+        return Fp8ExpertWeights(torch.cat(halves, dim=1), ExpertFp8Scales.from_checkpoint(shared))
