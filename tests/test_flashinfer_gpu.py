@@ -1,8 +1,10 @@
 """FlashInfer's CUTLASS fused MoE for real, on a GPU where its backend runs, against the reference backend.
 
 Skipped where ``flashinfer-cutlass-bf16`` is unavailable (the CPU, pre-Hopper
-GPUs, no FlashInfer); on SM90 FlashInfer must find its fused-MoE module built
-(see benchmarks/RESULTS.md for the pruned build used on the H200).
+GPUs, no FlashInfer); on SM90 FlashInfer must find its fused-MoE module built.
+The pruned bf16-only build used on the H200 (benchmarks/flashinfer_h200) lacks
+the fp16 and FP8 kernels, and a call reaching them ends the process: run
+``-k bfloat16`` there.
 
 Tolerance: relative l2 error against ``reference-dense`` on the same bf16/fp16
 weights; the kernel writes the gated activation in the activations' dtype
