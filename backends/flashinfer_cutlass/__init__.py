@@ -11,11 +11,16 @@ prebuilt one is installed; the FP4 kernels need Blackwell.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
 
 from moe_core import DENSE, FP8, NVFP4, Availability, BackendKey, Conversion, MoeRunnerConfig, Runner, register_backend
 from moe_core.backends._flashinfer import device_reasons, require_available
+from moe_core.backends.flashinfer_cutlass.kernel import load_kernels
 from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassFp8Weights, CutlassNvfp4Weights
+from moe_core.backends.flashinfer_cutlass.runner import CutlassQuantInfo, CutlassRunner
 
 DENSE_CAPABILITY = (9, 0)
 """The bf16 grouped GEMMs run on SM90 and later."""
@@ -34,37 +39,23 @@ def nvfp4_availability(device: torch.device) -> Availability:
     return Availability(tuple(device_reasons(device, NVFP4_CAPABILITIES, minimum=False)))
 
 
-def _bf16_runner(config: MoeRunnerConfig) -> Runner[CutlassBf16Weights]:
-    """The bf16 runner over FlashInfer's kernel; refuses where the backend cannot run."""
-    require_available("flashinfer-cutlass-bf16", bf16_availability)
-    from moe_core.backends.flashinfer_cutlass.kernel import load_kernels
-    from moe_core.backends.flashinfer_cutlass.runner import CutlassRunner
-
-    return CutlassRunner[CutlassBf16Weights](config, kernels=load_kernels())
+Q = TypeVar("Q", bound=CutlassQuantInfo)
 
 
-def _fp8_runner(config: MoeRunnerConfig) -> Runner[CutlassFp8Weights]:
-    """The FP8 runner over FlashInfer's kernel; refuses where the backend cannot run."""
-    require_available("flashinfer-cutlass-fp8", bf16_availability)
-    from moe_core.backends.flashinfer_cutlass.kernel import load_kernels
-    from moe_core.backends.flashinfer_cutlass.runner import CutlassRunner
+def _factory(name: str, availability: Callable[[torch.device], Availability]) -> Callable[[MoeRunnerConfig], Runner[Q]]:
+    """A runner factory over FlashInfer's kernel that refuses where backend ``name`` cannot run."""
 
-    return CutlassRunner[CutlassFp8Weights](config, kernels=load_kernels())
+    def runner(config: MoeRunnerConfig) -> Runner[Q]:
+        require_available(name, availability)
+        return CutlassRunner[Q](config, kernels=load_kernels())
 
-
-def _nvfp4_runner(config: MoeRunnerConfig) -> Runner[CutlassNvfp4Weights]:
-    """The NVFP4 runner over FlashInfer's kernel; refuses where the backend cannot run."""
-    require_available("flashinfer-cutlass-nvfp4", nvfp4_availability)
-    from moe_core.backends.flashinfer_cutlass.kernel import load_kernels
-    from moe_core.backends.flashinfer_cutlass.runner import CutlassRunner
-
-    return CutlassRunner[CutlassNvfp4Weights](config, kernels=load_kernels())
+    return runner
 
 
 FLASHINFER_CUTLASS_BF16: BackendKey[CutlassBf16Weights] = register_backend(
     "flashinfer-cutlass-bf16",
     description="FlashInfer CUTLASS fused MoE, bf16/fp16 weights (SM90+)",
-    factory=_bf16_runner,
+    factory=_factory("flashinfer-cutlass-bf16", bf16_availability),
     availability=bf16_availability,
     conversions=[Conversion(DENSE, CutlassBf16Weights.from_dense)],
 )
@@ -73,7 +64,7 @@ FLASHINFER_CUTLASS_BF16: BackendKey[CutlassBf16Weights] = register_backend(
 FLASHINFER_CUTLASS_FP8: BackendKey[CutlassFp8Weights] = register_backend(
     "flashinfer-cutlass-fp8",
     description="FlashInfer CUTLASS fused MoE, FP8 per-tensor W8A8, w1/w3 on one scale per expert (SM90+)",
-    factory=_fp8_runner,
+    factory=_factory("flashinfer-cutlass-fp8", bf16_availability),
     availability=bf16_availability,
     conversions=[Conversion(FP8, CutlassFp8Weights.from_fp8)],
 )
@@ -82,7 +73,7 @@ FLASHINFER_CUTLASS_FP8: BackendKey[CutlassFp8Weights] = register_backend(
 FLASHINFER_CUTLASS_NVFP4: BackendKey[CutlassNvfp4Weights] = register_backend(
     "flashinfer-cutlass-nvfp4",
     description="FlashInfer CUTLASS fused MoE, NVFP4 W4A4, one FC1 alpha (w1/w3 scales reconciled) (SM100/SM110/SM120)",
-    factory=_nvfp4_runner,
+    factory=_factory("flashinfer-cutlass-nvfp4", nvfp4_availability),
     availability=nvfp4_availability,
     conversions=[Conversion(NVFP4, CutlassNvfp4Weights.from_nvfp4_rescaled)],
 )

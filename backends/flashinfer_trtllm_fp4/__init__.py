@@ -21,7 +21,9 @@ import torch
 
 from moe_core import NVFP4, Availability, BackendKey, Conversion, MoeRunnerConfig, Runner, register_backend
 from moe_core.backends._flashinfer import device_reasons, require_available
+from moe_core.backends.flashinfer_trtllm_fp4.kernel import load_kernels
 from moe_core.backends.flashinfer_trtllm_fp4.quant_info import TrtllmFp4Weights
+from moe_core.backends.flashinfer_trtllm_fp4.runner import TrtllmFp4Runner
 
 CAPABILITIES = ((10, 0), (10, 3))
 """The compute capabilities FlashInfer builds its TRT-LLM-gen MoE for."""
@@ -57,11 +59,8 @@ def trtllm_fp4_availability(device: torch.device) -> Availability:
 
 
 def _runner(config: MoeRunnerConfig) -> Runner[TrtllmFp4Weights]:
-    """The runner over FlashInfer's kernels, imported on first use; refuses where the backend cannot run."""
+    """The runner over FlashInfer's kernels (imported now); refuses where the backend cannot run."""
     require_available("flashinfer-trtllm-fp4", trtllm_fp4_availability)
-    from moe_core.backends.flashinfer_trtllm_fp4.kernel import load_kernels
-    from moe_core.backends.flashinfer_trtllm_fp4.runner import TrtllmFp4Runner
-
     return TrtllmFp4Runner(config, kernels=load_kernels())
 
 
