@@ -164,6 +164,6 @@ def test_an_application_backends_package_neither_hides_nor_is_hidden(installed: 
     flashinfer = {key: row[-1] for key, row in rows.items() if " flashinfer-" in f" {key}"}
     others = [row[-1] for key, row in rows.items() if key not in flashinfer]
     assert others and all(verdict in ("ok", "info") for verdict in others), check.stdout
-    assert len(flashinfer) == 3 and all(v.startswith("unavailable: needs a CUDA GPU of SM") for v in flashinfer.values()), check.stdout
+    assert len(flashinfer) == 4 and all(v.startswith("unavailable: needs a CUDA GPU of SM") for v in flashinfer.values()), check.stdout
     probe = "import backends, schemes, moe_core.backends.reference as ours; print(backends.OWNER, schemes.OWNER, ours.REFERENCE_NVFP4.name)"
     assert _run([installed.python, "-c", probe], cwd=app, env=env).stdout.split() == ["app", "app", "reference-nvfp4"]
