@@ -91,6 +91,17 @@ def device_reasons(device: torch.device, capabilities: Collection[tuple[int, int
     return reasons
 
 
+ROW_ALIGNMENT = 128
+"""The FP4 kernels tile expert weights, and their swizzled scales, in 128-row blocks: I and H must be multiples of it."""
+
+
+def require_row_alignment(owner: str, **sizes: int) -> None:
+    """``ValueError`` naming ``owner`` and the size unless each of ``sizes`` is a multiple of :data:`ROW_ALIGNMENT`."""
+    for name, size in sizes.items():
+        if size % ROW_ALIGNMENT:
+            raise ValueError(f"{owner}: {name} must be a multiple of {ROW_ALIGNMENT}, got {size}")
+
+
 def autotuning() -> contextlib.AbstractContextManager[None]:
     """FlashInfer's autotuner, on: kernels called inside profile their tactics once per shape and keep the fastest.
 

@@ -41,14 +41,11 @@ from moe_core import (
     SwizzledBlockScales,
 )
 from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
-from moe_core.backends._flashinfer import ExpertKernelScalars
+from moe_core.backends._flashinfer import ExpertKernelScalars, require_row_alignment
 from moe_core.fp8 import quantize_fp8
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 """Dense weight dtypes the kernel multiplies; float32 canonical weights are rounded to bf16."""
-
-NVFP4_ROW_ALIGNMENT = 128
-"""The swizzled scales tile rows by 128: I and H must be multiples of it."""
 
 CODES_PER_INT64 = 16
 """E2M1 codes in one int64 of the weights' view."""
@@ -184,9 +181,7 @@ class CutlassNvfp4Weights:
                 f"CutlassNvfp4Weights.fc2: expected shape {(experts, hidden, inter // CODES_PER_INT64)}, "
                 f"got {tuple(self.fc2.shape)}"
             )
-        for name, size in (("intermediate_size", inter), ("hidden_size", hidden)):
-            if size % NVFP4_ROW_ALIGNMENT:
-                raise ValueError(f"CutlassNvfp4Weights: {name} must be a multiple of {NVFP4_ROW_ALIGNMENT}, got {size}")
+        require_row_alignment("CutlassNvfp4Weights", intermediate_size=inter, hidden_size=hidden)
         scales = self.scales
         for name, alphas in (("fc1_alphas", scales.fc1_alphas), ("fc2_alphas", scales.fc2_alphas)):
             if alphas.num_experts != experts:
@@ -205,9 +200,7 @@ class CutlassNvfp4Weights:
     def from_nvfp4(cls, weights: Nvfp4MoeWeights, *, gate_up: GateUpScalePolicy) -> CutlassNvfp4Weights:
         """The once-after-loading conversion, fusing w1/w3 onto one global scale per expert under ``gate_up``."""
         _, inter, hidden = weights.w13.gate.shape
-        for name, size in (("intermediate_size", inter), ("hidden_size", hidden)):
-            if size % NVFP4_ROW_ALIGNMENT:
-                raise ValueError(f"CUTLASS NVFP4 MoE: {name} must be a multiple of {NVFP4_ROW_ALIGNMENT}, got {size}")
+        require_row_alignment("CUTLASS NVFP4 MoE", intermediate_size=inter, hidden_size=hidden)
         fused = weights.w13.with_shared_global_scales(gate_up)
         fc1_scales = LinearBlockScales.from_checkpoint(_up_gate(fused.block_scales.data))
         hidden_scale, activation_scale = weights.w13_input_scale, weights.w2_input_scale

@@ -32,12 +32,8 @@ from moe_core import (
     SwizzledBlockScales,
 )
 from moe_core._checks import require_dtype, require_same_device, require_tensor
-from moe_core.backends._flashinfer import ExpertKernelScalars
+from moe_core.backends._flashinfer import ExpertKernelScalars, require_row_alignment
 from moe_core.backends.flashinfer_trtllm_fp4.kernel import fc1_row_order, fc2_row_order
-
-ROW_ALIGNMENT = 128
-"""The kernels tile expert weights in 128-row blocks: I and H must be multiples of it."""
-
 
 def _as_kernel_value(scales: ExpertQuantizeGlobalScales | QuantizeGlobalScale) -> torch.Tensor:
     return scales.value.to(torch.float32)
@@ -123,9 +119,7 @@ class TrtllmFp4Weights:
         hidden, inter = 2 * half_hidden, rows // 2
         _check_packed("TrtllmFp4Weights.gemm1_weights", self.gemm1_weights, (experts, 2 * inter, hidden // 2))
         _check_packed("TrtllmFp4Weights.gemm2_weights", self.gemm2_weights, (experts, hidden, inter // 2))
-        for name, size in (("intermediate_size", inter), ("hidden_size", hidden)):
-            if size % ROW_ALIGNMENT:
-                raise ValueError(f"TrtllmFp4Weights: {name} must be a multiple of {ROW_ALIGNMENT}, got {size}")
+        require_row_alignment("TrtllmFp4Weights", intermediate_size=inter, hidden_size=hidden)
         for name, scales, shape in (
             ("gemm1_scales", self.gemm1_scales, (experts, 2 * inter, hidden // 16)),
             ("gemm2_scales", self.gemm2_scales, (experts, hidden, inter // 16)),
@@ -164,9 +158,7 @@ class TrtllmFp4Weights:
         """The once-after-loading conversion: ``[up; gate]``, row interleave and shuffle, swizzled scales, scalars."""
         gate, up, w2 = weights.w13.gate, weights.w13.up, weights.w2
         _, inter, hidden = gate.shape
-        for name, size in (("intermediate_size", inter), ("hidden_size", hidden)):
-            if size % ROW_ALIGNMENT:
-                raise ValueError(f"TRT-LLM-gen FP4 MoE: {name} must be a multiple of {ROW_ALIGNMENT}, got {size}")
+        require_row_alignment("TRT-LLM-gen FP4 MoE", intermediate_size=inter, hidden_size=hidden)
         device = weights.device
         fc1_rows = fc1_row_order(2 * inter).to(device)
         fc2_rows = fc2_row_order(hidden).to(device)

@@ -17,7 +17,8 @@ import torch
 
 from moe_core import Activation, DispatchFormat, DispatchOutput, MoeRunnerConfig, RoutingMethod, check_run_inputs
 from moe_core.backends.flashinfer_trtllm_fp4.kernel import TrtllmFp4Kernels
-from moe_core.backends.flashinfer_trtllm_fp4.quant_info import ROW_ALIGNMENT, TrtllmFp4Weights
+from moe_core.backends._flashinfer import require_row_alignment
+from moe_core.backends.flashinfer_trtllm_fp4.quant_info import TrtllmFp4Weights
 
 KERNEL_ROUTING = {
     RoutingMethod.SOFTMAX_TOPK: "Default",
@@ -32,9 +33,11 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 def _check_config(config: MoeRunnerConfig) -> None:
     if config.activation is not Activation.SILU_GATED:
         raise ValueError(f"TRT-LLM-gen FP4 MoE: this backend runs SwiGLU only, not {config.activation.value}")
-    for name, size in (("hidden_size", config.hidden_size), ("intermediate_size_per_partition", config.intermediate_size_per_partition)):
-        if size % ROW_ALIGNMENT:
-            raise ValueError(f"TRT-LLM-gen FP4 MoE: {name} must be a multiple of {ROW_ALIGNMENT}, got {size}")
+    require_row_alignment(
+        "TRT-LLM-gen FP4 MoE",
+        hidden_size=config.hidden_size,
+        intermediate_size_per_partition=config.intermediate_size_per_partition,
+    )
 
 
 @final
