@@ -57,44 +57,26 @@ def _up_gate(w13: torch.Tensor) -> torch.Tensor:
     return torch.cat((up, gate), dim=1).contiguous()
 
 
-@final
 @attrs.frozen(eq=False, kw_only=True)
-class CutlassBf16Weights:
-    """bf16/fp16 experts: ``fc1 [E, 2I, H]`` rows ``[up; gate]``, ``fc2 [E, H, I]``, contiguous."""
+class _UnpackedExperts:
+    """Experts one element per weight: ``fc1 [E, 2I, H]`` rows ``[up; gate]``, ``fc2 [E, H, I]`` (bf16/fp16 or FP8)."""
 
     fc1: torch.Tensor
     fc2: torch.Tensor
 
-    def __attrs_post_init__(self) -> None:
+    def _check_experts(self, dtypes: tuple[torch.dtype, ...]) -> None:
+        """Both tensors of ``dtypes``, 3-D, of matching shapes, on one device."""
+        owner = type(self).__name__
         for name, tensor in (("fc1", self.fc1), ("fc2", self.fc2)):
-            require_tensor(f"CutlassBf16Weights.{name}", tensor)
-            require_dtype(f"CutlassBf16Weights.{name}", tensor, KERNEL_DTYPES)
-            require_ndim(f"CutlassBf16Weights.{name}", tensor, 3, "[num_experts, out_features, in_features]")
-            if not tensor.is_contiguous():
-                raise ValueError(f"CutlassBf16Weights.{name}: expected a contiguous tensor")
-        if self.fc1.dtype != self.fc2.dtype:
-            raise TypeError(f"CutlassBf16Weights.fc2: expected dtype {self.fc1.dtype} like fc1, got {self.fc2.dtype}")
+            require_tensor(f"{owner}.{name}", tensor)
+            require_dtype(f"{owner}.{name}", tensor, dtypes)
+            require_ndim(f"{owner}.{name}", tensor, 3, "[num_experts, out_features, in_features]")
         experts, rows, hidden = (int(d) for d in self.fc1.shape)
         if rows % 2 or tuple(self.fc2.shape) != (experts, hidden, rows // 2):
             raise ValueError(
-                f"CutlassBf16Weights.fc2: expected shape {(experts, hidden, rows // 2)} to match fc1 "
+                f"{owner}.fc2: expected shape {(experts, hidden, rows // 2)} to match fc1 "
                 f"{tuple(self.fc1.shape)}, got {tuple(self.fc2.shape)}"
             )
-        require_same_device([("fc1", self.fc1), ("fc2", self.fc2)])
-
-    @classmethod
-    def from_dense(cls, weights: DenseMoeWeights) -> CutlassBf16Weights:
-        """The canonical dense weights with FC1 as ``[up; gate]``; float32 weights are rounded to bf16."""
-        dtype = weights.w13.dtype if weights.w13.dtype in KERNEL_DTYPES else torch.bfloat16
-        return cls(fc1=_up_gate(weights.w13.to(dtype)), fc2=weights.w2.to(dtype).contiguous())
-
-    def kernel_input(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The hidden states in the weights' dtype."""
-        return hidden_states.to(self.fc1.dtype)
-
-    def kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
-        """``fc1_expert_weights``, ``fc2_expert_weights`` and ``quant_scales`` (none for bf16)."""
-        return self.fc1, self.fc2, None
 
     @property
     def num_experts(self) -> int:
@@ -115,6 +97,35 @@ class CutlassBf16Weights:
     def device(self) -> torch.device:
         """Where the weights live."""
         return self.fc1.device
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class CutlassBf16Weights(_UnpackedExperts):
+    """bf16/fp16 experts: ``fc1 [E, 2I, H]`` rows ``[up; gate]``, ``fc2 [E, H, I]``, contiguous."""
+
+    def __attrs_post_init__(self) -> None:
+        self._check_experts(KERNEL_DTYPES)
+        for name, tensor in (("fc1", self.fc1), ("fc2", self.fc2)):
+            if not tensor.is_contiguous():
+                raise ValueError(f"CutlassBf16Weights.{name}: expected a contiguous tensor")
+        if self.fc1.dtype != self.fc2.dtype:
+            raise TypeError(f"CutlassBf16Weights.fc2: expected dtype {self.fc1.dtype} like fc1, got {self.fc2.dtype}")
+        require_same_device([("fc1", self.fc1), ("fc2", self.fc2)])
+
+    @classmethod
+    def from_dense(cls, weights: DenseMoeWeights) -> CutlassBf16Weights:
+        """The canonical dense weights with FC1 as ``[up; gate]``; float32 weights are rounded to bf16."""
+        dtype = weights.w13.dtype if weights.w13.dtype in KERNEL_DTYPES else torch.bfloat16
+        return cls(fc1=_up_gate(weights.w13.to(dtype)), fc2=weights.w2.to(dtype).contiguous())
+
+    def kernel_input(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The hidden states in the weights' dtype."""
+        return hidden_states.to(self.fc1.dtype)
+
+    def kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
+        """``fc1_expert_weights``, ``fc2_expert_weights`` and ``quant_scales`` (none for bf16)."""
+        return self.fc1, self.fc2, None
 
 
 @final
@@ -286,21 +297,14 @@ class CutlassFp8QuantScales:
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class CutlassFp8Weights:
+class CutlassFp8Weights(_UnpackedExperts):
     """FP8 per-tensor W8A8 experts for the CUTLASS kernel: ``fc1 [E, 2I, H]`` rows ``[up; gate]``, ``fc2 [E, H, I]``."""
 
-    fc1: torch.Tensor
-    fc2: torch.Tensor
     scales: CutlassFp8QuantScales
 
     def __attrs_post_init__(self) -> None:
-        for name, tensor in (("fc1", self.fc1), ("fc2", self.fc2)):
-            require_tensor(f"CutlassFp8Weights.{name}", tensor)
-            require_dtype(f"CutlassFp8Weights.{name}", tensor, (torch.float8_e4m3fn,))
-            require_ndim(f"CutlassFp8Weights.{name}", tensor, 3, "[num_experts, out_features, in_features]")
-        experts, rows, hidden = (int(d) for d in self.fc1.shape)
-        if rows % 2 or tuple(self.fc2.shape) != (experts, hidden, rows // 2):
-            raise ValueError(f"CutlassFp8Weights.fc2: expected shape {(experts, hidden, rows // 2)}, got {tuple(self.fc2.shape)}")
+        self._check_experts((torch.float8_e4m3fn,))
+        experts = self.num_experts
         for name, dequant in (("fc1_dequant", self.scales.fc1_dequant), ("fc2_dequant", self.scales.fc2_dequant)):
             if dequant.num_experts != experts:
                 raise ValueError(f"CutlassFp8Weights.scales.{name}: expected {experts} experts, got {dequant.num_experts}")
@@ -329,23 +333,3 @@ class CutlassFp8Weights:
     def kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
         """``fc1_expert_weights``, ``fc2_expert_weights`` and the four ``quant_scales``."""
         return self.fc1, self.fc2, self.scales.as_kernel_list()
-
-    @property
-    def num_experts(self) -> int:
-        """Experts held."""
-        return int(self.fc1.shape[0])
-
-    @property
-    def hidden_size(self) -> int:
-        """H."""
-        return int(self.fc1.shape[2])
-
-    @property
-    def intermediate_size(self) -> int:
-        """I."""
-        return int(self.fc2.shape[2])
-
-    @property
-    def device(self) -> torch.device:
-        """Where the tensors live."""
-        return self.fc1.device
