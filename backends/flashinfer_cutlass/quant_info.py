@@ -156,17 +156,19 @@ class CutlassNvfp4QuantScales:
     fc2_weight_scales: SwizzledBlockScales
     """FC2 E4M3 block scales ``[E, H, I / 16]``, 128x4-swizzled."""
     fc2_alphas: CutlassAlphas
+    in_kernel_order: tuple[torch.Tensor, ...] = attrs.field(init=False, repr=False)
+    """The six in the kernel's order, the input scales as 0-d scalars and the block scales as int32 views (built once)."""
 
-    def as_kernel_list(self) -> list[torch.Tensor]:
-        """In the kernel's order, the input scales as 0-d scalars and the block scales as int32 views."""
-        return [
+    def __attrs_post_init__(self) -> None:
+        order = (
             self.fc1_input_scale.value.reshape(()),
             self.fc1_weight_scales.data.view(torch.int32),
             self.fc1_alphas.value,
             self.fc2_input_scale.value.reshape(()),
             self.fc2_weight_scales.data.view(torch.int32),
             self.fc2_alphas.value,
-        ]
+        )
+        object.__setattr__(self, "in_kernel_order", order)
 
 
 @final
@@ -239,7 +241,7 @@ class CutlassNvfp4Weights:
 
     def kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
         """``fc1_expert_weights``, ``fc2_expert_weights`` and the six ``quant_scales``."""
-        return self.fc1, self.fc2, self.scales.as_kernel_list()
+        return self.fc1, self.fc2, list(self.scales.in_kernel_order)
 
     @property
     def num_experts(self) -> int:
@@ -284,15 +286,17 @@ class CutlassFp8QuantScales:
     fc2_dequant: CutlassFp8Dequant
     fc1_input_scale: Fp8TensorScale
     """The hidden states' static scale (the runner quantizes with it)."""
+    in_kernel_order: tuple[torch.Tensor, ...] = attrs.field(init=False, repr=False)
+    """``(fc1_dequant [E], 1 / fc2_input 0-d, fc2_dequant [E], fc1_input 0-d)``, built once (no per-forward reciprocal)."""
 
-    def as_kernel_list(self) -> list[torch.Tensor]:
-        """``[fc1_dequant [E], 1 / fc2_input 0-d, fc2_dequant [E], fc1_input 0-d]``."""
-        return [
+    def __attrs_post_init__(self) -> None:
+        order = (
             self.fc1_dequant.value,
             torch.reciprocal(self.fc2_input_scale.value).reshape(()),
             self.fc2_dequant.value,
             self.fc1_input_scale.value.reshape(()),
-        ]
+        )
+        object.__setattr__(self, "in_kernel_order", order)
 
 
 @final
@@ -332,4 +336,4 @@ class CutlassFp8Weights(_UnpackedExperts):
 
     def kernel_operands(self) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor] | None]:
         """``fc1_expert_weights``, ``fc2_expert_weights`` and the four ``quant_scales``."""
-        return self.fc1, self.fc2, self.scales.as_kernel_list()
+        return self.fc1, self.fc2, list(self.scales.in_kernel_order)
