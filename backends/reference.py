@@ -1,7 +1,7 @@
 """The pure-PyTorch reference backend: the oracle for every other backend.
 
 Written for clarity, not speed: one expert at a time, float32 arithmetic, on
-any device torch runs on. Two keys, one per quant info:
+any device torch runs on. One key per format:
 
 - ``REFERENCE_DENSE`` runs unquantized (fp32/bf16/fp16) expert weights;
 - ``REFERENCE_NVFP4_W4A16`` runs NVFP4 weights with unquantized activations
@@ -9,6 +9,8 @@ any device torch runs on. Two keys, one per quant info:
 - ``REFERENCE_FP8`` runs FP8 W8A8: each GEMM input goes through an FP8 round
   trip with its static per-tensor scale, times the dequantized FP8 weights,
   the gate and up halves each with its own scale;
+- ``REFERENCE_FP8_CHANNEL`` runs per-channel FP8 weights with each GEMM
+  input's rows quantized with their own amax (dynamic per-token scales);
 - ``REFERENCE_NVFP4`` runs NVFP4 W4A4 the way the FP4 kernels do: each
   GEMM's input is quantized to NVFP4 with its scalar global input scale
   (16-element E4M3 blocks) and multiplied with the dequantized FP4 weights,
@@ -31,6 +33,7 @@ import torch
 from moe_core import (
     DENSE,
     FP8,
+    FP8_CHANNEL,
     NVFP4,
     NVFP4_W4A16,
     Availability,
@@ -39,6 +42,7 @@ from moe_core import (
     DenseMoeWeights,
     DispatchFormat,
     DispatchOutput,
+    Fp8ChannelMoeWeights,
     Fp8MoeWeights,
     MoeRunnerConfig,
     Nvfp4MoeWeights,
@@ -49,7 +53,7 @@ from moe_core import (
     check_run_values,
     register_backend,
 )
-from moe_core.fp8 import fake_quantize_fp8
+from moe_core.fp8 import fake_quantize_fp8, fake_quantize_fp8_per_token
 
 ExpertMlp = Callable[[int, torch.Tensor], torch.Tensor]
 """``(local expert index, float32 tokens [n, H]) -> float32 [n, H]``."""
@@ -150,6 +154,23 @@ class ReferenceFp8Runner:
         return run_experts(self.config, dispatch, quant_info, mlp)
 
 
+@final
+@attrs.frozen
+class ReferenceFp8ChannelRunner:
+    """Runs FP8 per-channel experts: both GEMM inputs quantized per token at run time, float32 accumulation."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: Fp8ChannelMoeWeights, /) -> torch.Tensor:
+        """The ``[T, H]`` MoE output."""
+
+        def mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
+            h = self.config.activation.apply(fake_quantize_fp8_per_token(x) @ quant_info.w13.dequantize_expert(expert).T)
+            return fake_quantize_fp8_per_token(h) @ quant_info.w2.dequantize_expert(expert).T
+
+        return run_experts(self.config, dispatch, quant_info, mlp)
+
+
 def reference_availability(device: torch.device) -> Availability:
     """Available wherever torch can allocate a tensor that holds data."""
     if device.type == "meta":
@@ -170,6 +191,10 @@ def _nvfp4_as_is(weights: Nvfp4MoeWeights) -> Nvfp4MoeWeights:
 
 
 def _fp8_as_is(weights: Fp8MoeWeights) -> Fp8MoeWeights:
+    return weights
+
+
+def _fp8_channel_as_is(weights: Fp8ChannelMoeWeights) -> Fp8ChannelMoeWeights:
     return weights
 
 
@@ -199,6 +224,15 @@ REFERENCE_FP8: BackendKey[Fp8MoeWeights] = register_backend(
     conversions=[Conversion(FP8, _fp8_as_is)],
 )
 """The oracle of the FP8 format."""
+
+REFERENCE_FP8_CHANNEL: BackendKey[Fp8ChannelMoeWeights] = register_backend(
+    "reference-fp8-channel",
+    description="PyTorch, FP8 W8A8 (per-channel weights, dynamic per-token activations), float32 math",
+    factory=ReferenceFp8ChannelRunner,
+    availability=reference_availability,
+    conversions=[Conversion(FP8_CHANNEL, _fp8_channel_as_is)],
+)
+"""The oracle of the per-channel FP8 format."""
 
 REFERENCE_NVFP4_W4A16: BackendKey[Nvfp4MoeWeights] = register_backend(
     "reference-nvfp4-w4a16",

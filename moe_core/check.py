@@ -30,16 +30,22 @@ from typing import Generic, Protocol, TypeVar, final
 import attrs
 import torch
 
-from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_FP8, REFERENCE_NVFP4, REFERENCE_NVFP4_W4A16
+from moe_core.backends.reference import (
+    REFERENCE_DENSE,
+    REFERENCE_FP8,
+    REFERENCE_FP8_CHANNEL,
+    REFERENCE_NVFP4,
+    REFERENCE_NVFP4_W4A16,
+)
 from moe_core.config import MoeRunnerConfig
 from moe_core.conversion import FormatInfo, WeightFormat
 from moe_core.dispatch import StandardDispatchOutput
-from moe_core.float64_moe import float64_moe, fp8_round_trips, nvfp4_round_trips
-from moe_core.formats import DENSE, FP8, NVFP4, NVFP4_W4A16
-from moe_core.moe_weights import DenseMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
+from moe_core.float64_moe import float64_moe, fp8_per_token_round_trips, fp8_round_trips, nvfp4_round_trips
+from moe_core.formats import DENSE, FP8, FP8_CHANNEL, NVFP4, NVFP4_W4A16
+from moe_core.moe_weights import DenseMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
 from moe_core.registry import BackendEntry, BackendKey, MoeForward
 from moe_core.runner import QuantInfo
-from moe_core.synthetic import quantize_fp8_layer, quantize_nvfp4_layer
+from moe_core.synthetic import quantize_fp8_channel_layer, quantize_fp8_layer, quantize_nvfp4_layer
 
 W = TypeVar("W", bound=QuantInfo)
 
@@ -242,6 +248,12 @@ def _fp8_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weig
     return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), fp8_round_trips(weights))
 
 
+def _fp8_channel_float64(
+    config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Fp8ChannelMoeWeights
+) -> torch.Tensor:
+    return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), fp8_per_token_round_trips())
+
+
 def _w4a16_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Nvfp4MoeWeights) -> torch.Tensor:
     return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize())
 
@@ -251,6 +263,9 @@ FORMAT_CHECKS: tuple[_Check, ...] = (
     FormatCheck(NVFP4, REFERENCE_NVFP4, quantize_nvfp4_layer, _nvfp4_float64, "float64 W4A4 MoE"),
     FormatCheck(NVFP4_W4A16, REFERENCE_NVFP4_W4A16, quantize_nvfp4_layer, _w4a16_float64, "float64 MoE, dequantized"),
     FormatCheck(FP8, REFERENCE_FP8, quantize_fp8_layer, _fp8_float64, "float64 W8A8 MoE"),
+    FormatCheck(
+        FP8_CHANNEL, REFERENCE_FP8_CHANNEL, quantize_fp8_channel_layer, _fp8_channel_float64, "float64 W8A8 per-token MoE"
+    ),
 )
 """The formats ``moe-core check`` knows how to check; a new format adds one entry."""
 

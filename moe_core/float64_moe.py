@@ -13,7 +13,7 @@ import torch
 
 from moe_core.config import Activation, MoeRunnerConfig
 from moe_core.dispatch import DispatchOutput
-from moe_core.fp8 import Fp8TensorScale, fake_quantize_fp8
+from moe_core.fp8 import Fp8TensorScale, fake_quantize_fp8, fake_quantize_fp8_per_token
 from moe_core.global_scales import QuantizeGlobalScale
 from moe_core.moe_weights import Fp8MoeWeights, Nvfp4MoeWeights
 from moe_core.nvfp4 import Nvfp4Tensor
@@ -41,6 +41,15 @@ def fp8_round_trips(weights: Fp8MoeWeights) -> tuple[RoundTrip, RoundTrip]:
     return _fp8_round_trip(weights.w13_input_scale), _fp8_round_trip(weights.w2_input_scale)
 
 
+def fp8_per_token_round_trips() -> tuple[RoundTrip, RoundTrip]:
+    """Both GEMM inputs' FP8 round trips with dynamic per-token scales (each token's own amax)."""
+
+    def round_trip(x: torch.Tensor) -> torch.Tensor:
+        return fake_quantize_fp8_per_token(x.float()[None])[0].double()
+
+    return round_trip, round_trip
+
+
 def float64_moe(
     config: MoeRunnerConfig,
     dispatch: DispatchOutput,
@@ -51,7 +60,8 @@ def float64_moe(
     """The layer's ``[T, H]`` output in float64, on the CPU, for weights ``w13 [E, 2I, H]`` and ``w2 [E, H, I]``.
 
     With ``round_trips``, each GEMM input goes through its quantization round
-    trip first (:func:`nvfp4_round_trips`, :func:`fp8_round_trips`).
+    trip first (:func:`nvfp4_round_trips`, :func:`fp8_round_trips`,
+    :func:`fp8_per_token_round_trips`).
     """
     hidden, topk = dispatch.hidden_states.cpu(), dispatch.topk
     ids, weights = topk.topk_ids.cpu(), topk.topk_weights.cpu()

@@ -1,9 +1,10 @@
-"""The canonical weight formats moe-core ships: dense, NVFP4 (W4A4), NVFP4 weights with 16-bit activations, FP8 W8A8."""
+"""The canonical weight formats moe-core ships: dense, NVFP4 (W4A4), NVFP4 weights with 16-bit activations, FP8 W8A8
+per tensor and per channel."""
 
 from __future__ import annotations
 
 from moe_core.conversion import WeightFormat
-from moe_core.moe_weights import DenseMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
+from moe_core.moe_weights import DenseMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
 
 DENSE: WeightFormat[DenseMoeWeights] = WeightFormat(
     "dense", DenseMoeWeights, "unquantized fp32/bf16/fp16 expert weights"
@@ -30,3 +31,9 @@ FP8: WeightFormat[Fp8MoeWeights] = WeightFormat(
     "fp8", Fp8MoeWeights, "FP8 E4M3 W8A8 experts, per-expert per-tensor weight scales, static per-tensor input scales"
 )
 """FP8 per-tensor W8A8 experts (:class:`Fp8MoeWeights`)."""
+
+FP8_CHANNEL: WeightFormat[Fp8ChannelMoeWeights] = WeightFormat(
+    "fp8-channel", Fp8ChannelMoeWeights, "FP8 E4M3 W8A8 experts, per-channel weight scales, dynamic per-token input scales"
+)
+"""FP8 per-channel weights with dynamic per-token activations (:class:`Fp8ChannelMoeWeights`, compressed-tensors
+``FP8_DYNAMIC``)."""

@@ -1,9 +1,12 @@
-"""FP8 E4M3 W8A8 with per-tensor scales: the scale types and the expert weights.
+"""FP8 E4M3 W8A8: the scale types and the expert weights, per tensor and per channel.
 
-FP8 checkpoints (compressed-tensors and ModelOpt "FP8 per-tensor") store
-dequantize-side scales, ``x ~= e4m3 * scale`` with ``scale = amax / 448``: one per
-expert weight matrix (w1 and w3 apart) and one static scale per GEMM input.
-There is one convention, but a scalar and a per-expert vector are different
+FP8 checkpoints store dequantize-side scales, ``x ~= e4m3 * scale`` with
+``scale = amax / 448``. Per tensor (compressed-tensors and ModelOpt "FP8
+per-tensor"): one per expert weight matrix (w1 and w3 apart) and one static
+scale per GEMM input. Per channel (compressed-tensors ``FP8_DYNAMIC``): one
+per output row of each weight matrix, and the activations' scales computed
+per token at run time (:func:`dynamic_fp8_scales`). There is one convention,
+but a scalar, a per-expert vector and a per-channel matrix are different
 types, as for NVFP4: a kernel's one input scale is made from several only
 under a named :class:`~moe_core.global_scales.ExpertScalePolicy`.
 """
@@ -15,7 +18,7 @@ from typing import final
 import attrs
 import torch
 
-from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
+from moe_core._checks import require_dtype, require_ndim, require_positive, require_same_device, require_tensor
 from moe_core.global_scales import (
     E4M3_MAX,
     ExpertScalePolicy,
@@ -23,9 +26,14 @@ from moe_core.global_scales import (
     _collapse,
     _expert_amax,
     _ExpertScales,
+    _float_tensor,
+    _owned_copy,
     _scalar_amax,
     _ScalarScale,
 )
+
+MIN_DYNAMIC_SCALE = 1.0 / (E4M3_MAX * 512.0)
+"""The floor of a per-token scale, so an all-zero row quantizes to zeros instead of dividing by zero (vLLM's)."""
 
 
 @final
@@ -56,6 +64,57 @@ class ExpertFp8Scales(_ExpertScales):
         return cls(_value=_expert_amax(amax) / E4M3_MAX)
 
 
+@final
+@attrs.frozen(eq=False)
+class Fp8ChannelScales:
+    """Dequantize-side FP8 scales, one per output channel (row) of each expert matrix, ``[E, rows]`` float32."""
+
+    value: torch.Tensor = attrs.field(alias="_value", kw_only=True, converter=_owned_copy)
+    """float32 ``[num_experts, rows]``, finite and > 0 (read it; never write to it)."""
+
+    def __attrs_post_init__(self) -> None:
+        name = f"{type(self).__name__}.value"
+        require_tensor(name, self.value)
+        require_dtype(name, self.value, (torch.float32,))
+        require_ndim(name, self.value, 2, "[num_experts, rows]")
+        if self.value.numel() == 0:
+            raise ValueError(f"{name}: expected at least one expert and row, got shape {tuple(self.value.shape)}")
+        require_positive(name, self.value)
+
+    @property
+    def num_experts(self) -> int:
+        """E."""
+        return int(self.value.shape[0])
+
+    @property
+    def rows(self) -> int:
+        """Output channels per expert matrix."""
+        return int(self.value.shape[1])
+
+    @classmethod
+    def from_amax(cls, amax: torch.Tensor) -> Fp8ChannelScales:
+        """One scale per row from per-row amax values ``[E, rows]``."""
+        tensor = _float_tensor("amax", amax)
+        require_ndim("amax", tensor, 2, "[num_experts, rows]")
+        require_positive("amax", tensor)
+        return cls(_value=tensor / E4M3_MAX)
+
+    @classmethod
+    def from_checkpoint(cls, tensor: torch.Tensor) -> Fp8ChannelScales:
+        """Stacked checkpoint scales ``[E, rows]`` or ``[E, rows, 1]`` (compressed-tensors stores ``[rows, 1]`` per matrix)."""
+        require_tensor(f"{cls.__name__}.from_checkpoint", tensor)
+        if tensor.dim() == 3 and tensor.shape[2] == 1:
+            tensor = tensor[:, :, 0]
+        return cls(_value=tensor)
+
+    @classmethod
+    def from_expert(cls, scales: ExpertFp8Scales, rows: int) -> Fp8ChannelScales:
+        """Per-tensor scales as per-channel ones: every row of an expert takes its matrix's scale (exact)."""
+        if not isinstance(scales, ExpertFp8Scales):
+            raise TypeError(f"scales: expected ExpertFp8Scales, got {type(scales).__name__}")
+        return cls(_value=scales.value[:, None].expand(scales.num_experts, rows).contiguous())
+
+
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``x / scale`` saturated to +-448 and rounded to E4M3; ``scale`` broadcasts against ``x``."""
     return (x.to(torch.float32) / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
@@ -64,6 +123,18 @@ def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def fake_quantize_fp8(x: torch.Tensor, scale: Fp8TensorScale) -> torch.Tensor:
     """``x`` after an FP8 round trip with a static per-tensor scale, as float32."""
     return quantize_fp8(x, scale.value).to(torch.float32) * scale.value
+
+
+def dynamic_fp8_scales(x: torch.Tensor) -> torch.Tensor:
+    """Per-token (per-row) dequantize-side scales of ``x [T, K]``: ``max(amax / 448, MIN_DYNAMIC_SCALE)``, ``[T, 1]`` float32."""
+    amax = x.to(torch.float32).abs().amax(dim=-1, keepdim=True)
+    return (amax / E4M3_MAX).clamp_min(MIN_DYNAMIC_SCALE)
+
+
+def fake_quantize_fp8_per_token(x: torch.Tensor) -> torch.Tensor:
+    """``x [T, K]`` after an FP8 round trip with its dynamic per-token scales, as float32."""
+    scales = dynamic_fp8_scales(x)
+    return quantize_fp8(x, scales).to(torch.float32) * scales
 
 
 @final
@@ -150,3 +221,52 @@ class Fp8GateUpWeights:
         shared = torch.maximum(self.gate.scales.value, self.up.scales.value)
         halves = [quantize_fp8(half.dequantize(), shared.reshape(-1, 1, 1)) for half in (self.gate, self.up)]
         return Fp8ExpertWeights(torch.cat(halves, dim=1), ExpertFp8Scales.from_checkpoint(shared))
+
+
+@final
+@attrs.frozen(eq=False)
+class Fp8ChannelExpertWeights:
+    """Stacked FP8 expert matrices ``[E, rows, cols]``, one dequantize-side scale per row (output channel).
+
+    The fused ``w13 [E, 2I, H]`` is one of these (gate rows first): with a
+    scale per row, the gate and up halves keep their own scales in one tensor.
+    """
+
+    codes: torch.Tensor
+    """float8_e4m3fn ``[E, rows, cols]``."""
+    scales: Fp8ChannelScales
+
+    def __attrs_post_init__(self) -> None:
+        require_tensor("Fp8ChannelExpertWeights.codes", self.codes)
+        require_dtype("Fp8ChannelExpertWeights.codes", self.codes, (torch.float8_e4m3fn,))
+        require_ndim("Fp8ChannelExpertWeights.codes", self.codes, 3, "[num_experts, rows, cols]")
+        if not isinstance(self.scales, Fp8ChannelScales):
+            raise TypeError(f"Fp8ChannelExpertWeights.scales: expected Fp8ChannelScales, got {type(self.scales).__name__}")
+        if (self.scales.num_experts, self.scales.rows) != tuple(self.codes.shape[:2]):
+            raise ValueError(
+                f"Fp8ChannelExpertWeights.scales: expected shape {tuple(self.codes.shape[:2])} [num_experts, rows], "
+                f"got {tuple(self.scales.value.shape)}"
+            )
+        require_same_device([("codes", self.codes), ("scales", self.scales.value)])
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(num_experts, rows, cols)``."""
+        experts, rows, cols = self.codes.shape
+        return int(experts), int(rows), int(cols)
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor) -> Fp8ChannelExpertWeights:
+        """Quantize float weights ``[E, rows, cols]``, each row with the scale of its own amax."""
+        require_ndim("w", w, 3, "[num_experts, rows, cols]")
+        amax = w.detach().abs().amax(dim=2).to(torch.float32)
+        scales = Fp8ChannelScales.from_amax(torch.where(amax > 0, amax, torch.ones_like(amax)))
+        return cls(quantize_fp8(w, scales.value[:, :, None]), scales)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The values the codes stand for, ``[E, rows, cols]``."""
+        return (self.codes.to(torch.float32) * self.scales.value[:, :, None]).to(dtype)
+
+    def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """One expert's ``[rows, cols]``."""
+        return (self.codes[expert].to(torch.float32) * self.scales.value[expert][:, None]).to(dtype)

@@ -26,7 +26,7 @@ from moe_core._checks import (
     require_same_device,
     require_tensor,
 )
-from moe_core.fp8 import Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
+from moe_core.fp8 import Fp8ChannelExpertWeights, Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
 from moe_core.global_scales import QuantizeGlobalScale
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights
 
@@ -205,3 +205,49 @@ class Fp8MoeWeights:
     def device(self) -> torch.device:
         """Where the weights live."""
         return self.w2.codes.device
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class Fp8ChannelMoeWeights:
+    """FP8 E4M3 expert weights with per-channel scales, for activations quantized per token at run time.
+
+    The compressed-tensors ``FP8_DYNAMIC`` scheme: ``w13 [E, 2I, H]`` (gate
+    rows first) and ``w2 [E, H, I]``, each row with its own scale; there are
+    no input scales, each GEMM input's rows are quantized with their own amax
+    (:func:`~moe_core.fp8.dynamic_fp8_scales`).
+    """
+
+    w13: Fp8ChannelExpertWeights
+    w2: Fp8ChannelExpertWeights
+
+    def __attrs_post_init__(self) -> None:
+        for name, weights in (("w13", self.w13), ("w2", self.w2)):
+            if not isinstance(weights, Fp8ChannelExpertWeights):
+                raise TypeError(f"Fp8ChannelMoeWeights.{name}: expected Fp8ChannelExpertWeights, got {type(weights).__name__}")
+        _check_expert_shapes("Fp8ChannelMoeWeights", self.w13.shape, self.w2.shape)
+        require_same_device([("w13", self.w13.codes), ("w2", self.w2.codes)])
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held (this rank's local experts)."""
+        return self.w13.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return self.w13.shape[2]
+
+    @property
+    def intermediate_size(self) -> int:
+        """I, per partition."""
+        return self.w2.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.w2.codes.device
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> DenseMoeWeights:
+        """The dense weights the codes stand for."""
+        return DenseMoeWeights(w13=self.w13.dequantize(dtype), w2=self.w2.dequantize(dtype))

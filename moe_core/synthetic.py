@@ -8,9 +8,9 @@ import torch
 
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput
-from moe_core.fp8 import Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
+from moe_core.fp8 import Fp8ChannelExpertWeights, Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
 from moe_core.global_scales import QuantizeGlobalScale
-from moe_core.moe_weights import DenseMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
+from moe_core.moe_weights import DenseMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights
 from moe_core.routing import select_experts
 
@@ -72,6 +72,13 @@ def quantize_fp8_layer(config: MoeRunnerConfig, dense: DenseMoeWeights, dispatch
         w13_input_scale=Fp8TensorScale.from_amax(hidden_amax),
         w2_input_scale=Fp8TensorScale.from_amax(activation_amax),
     )
+
+
+def quantize_fp8_channel_layer(
+    config: MoeRunnerConfig, dense: DenseMoeWeights, dispatch: StandardDispatchOutput
+) -> Fp8ChannelMoeWeights:
+    """``dense`` quantized to FP8 per channel (each row its own scale); the activations need no calibration."""
+    return Fp8ChannelMoeWeights(w13=Fp8ChannelExpertWeights.quantize(dense.w13), w2=Fp8ChannelExpertWeights.quantize(dense.w2))
 
 
 def random_nvfp4_layer(

@@ -12,6 +12,16 @@ activations' dtype before the combine (the reference keeps float32), so the
 error is a few roundings of that dtype: fp16 6e-3 (6 of its epsilons), bf16
 1.6e-2 (2 of its epsilons); float32 activations 1e-5 under the interpreter
 (float32 dot products) and 5e-3 on a GPU (TF32 dot products).
+
+FP8 W8A8 against the FP8 references on the same codes: with float32
+activations the kernels' E4M3 codes are the reference's (IEEE division, the
+same saturation and rounding), so only the summation order differs (1e-5;
+on a GPU 2e-3, for Hopper's FP8 accumulation). Static scales quantize the
+gated activation from float32 as the reference does (the 16-bit tolerances
+above). Dynamic per-token scales quantize it after it is stored in the
+activations' dtype (as vLLM and SGLang do), so a few percent of its codes
+round to the neighbouring E4M3 value (1/16 apart): fp16 3e-2, bf16 5e-2
+(worst seen on the CPU, fp16, T=1: 1.8e-2).
 """
 
 from __future__ import annotations
@@ -21,26 +31,45 @@ import math
 import pytest
 import torch
 
+import attrs
+
 from moe_core import (
     Activation,
     DenseMoeWeights,
+    Fp8ChannelExpertWeights,
+    Fp8ChannelMoeWeights,
+    Fp8ChannelScales,
     MoeRunnerConfig,
     StandardDispatchOutput,
     TopKOutput,
     create_runner,
     select_experts,
 )
-from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4_W4A16
-from moe_core.backends.triton import TRITON_DENSE, TRITON_NVFP4_W4A16
-from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_FP8, REFERENCE_FP8_CHANNEL, REFERENCE_NVFP4_W4A16
+from moe_core.backends.triton import TRITON_DENSE, TRITON_FP8, TRITON_NVFP4_W4A16
+from moe_core.backends.triton.quant_info import (
+    DynamicFp8Activations,
+    StaticFp8Activations,
+    TritonDenseWeights,
+    TritonFp8Weights,
+    TritonNvfp4W4A16Weights,
+)
+from moe_core.backends.triton.quantize import quantize_fp8_rows
 from moe_core.backends.triton.sorting import sort_tokens
 from moe_core.check import relative_error
-from moe_core.synthetic import quantize_nvfp4_layer
+from moe_core.float64_moe import float64_moe
+from moe_core.fp8 import MIN_DYNAMIC_SCALE, dynamic_fp8_scales, fake_quantize_fp8, quantize_fp8
+from moe_core.synthetic import quantize_fp8_channel_layer, quantize_fp8_layer, quantize_nvfp4_layer
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 TOLERANCE = {torch.float16: 6e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5 if not CUDA else 5e-3}
 DTYPES = [torch.bfloat16, torch.float16] if CUDA else [torch.float16, torch.float32]
+
+FP8_DTYPES = [torch.bfloat16, torch.float32] if CUDA else [torch.float16, torch.float32]
+FP8_EXACT = 2e-3 if CUDA else 1e-5
+FP8_STATIC_TOLERANCE = {**TOLERANCE, torch.float32: FP8_EXACT}
+FP8_DYNAMIC_TOLERANCE = {torch.float16: 3e-2, torch.bfloat16: 5e-2, torch.float32: FP8_EXACT}
 
 SMALL = [
     # (tokens, experts, top_k, hidden, inter, local experts, offset)
@@ -97,6 +126,80 @@ def test_nvfp4_w4a16_matches_reference(gen: torch.Generator, shape: tuple[int, .
     out = create_runner(TRITON_NVFP4_W4A16, config).run(dispatch, TritonNvfp4W4A16Weights.from_nvfp4(weights))
     expected = create_runner(REFERENCE_NVFP4_W4A16, config).run(dispatch, weights)
     assert relative_error(out, expected) < TOLERANCE[dtype]
+
+
+def fp8_layers(
+    gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype
+) -> tuple[MoeRunnerConfig, StandardDispatchOutput, DenseMoeWeights]:
+    config, dense, dispatch = make_layer(gen, shape, dtype)
+    return config, dispatch, DenseMoeWeights(w13=dense.w13.float(), w2=dense.w2.float())
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"T{s[0]}-E{s[1]}-k{s[2]}-H{s[3]}-I{s[4]}-local{s[5]}" for s in SHAPES])
+@pytest.mark.parametrize("dtype", FP8_DTYPES, ids=str)
+def test_fp8_per_tensor_static_matches_reference(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    config, dispatch, dense = fp8_layers(gen, shape, dtype)
+    weights = quantize_fp8_layer(config, dense, dispatch)
+    assert not torch.equal(weights.w13.gate.scales.value, weights.w13.up.scales.value)
+    out = create_runner(TRITON_FP8, config).run(dispatch, TritonFp8Weights.from_fp8(weights))
+    expected = create_runner(REFERENCE_FP8, config).run(dispatch, weights)
+    assert out.shape == dispatch.hidden_states.shape and out.dtype == dtype
+    assert relative_error(out, expected) < FP8_STATIC_TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"T{s[0]}-E{s[1]}-k{s[2]}-H{s[3]}-I{s[4]}-local{s[5]}" for s in SHAPES])
+@pytest.mark.parametrize("dtype", FP8_DTYPES, ids=str)
+def test_fp8_per_channel_dynamic_matches_reference(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    config, dispatch, dense = fp8_layers(gen, shape, dtype)
+    weights = quantize_fp8_channel_layer(config, dense, dispatch)
+    out = create_runner(TRITON_FP8, config).run(dispatch, TritonFp8Weights.from_fp8_channel(weights))
+    expected = create_runner(REFERENCE_FP8_CHANNEL, config).run(dispatch, weights)
+    assert out.shape == dispatch.hidden_states.shape and out.dtype == dtype
+    assert relative_error(out, expected) < FP8_DYNAMIC_TOLERANCE[dtype]
+
+
+def test_fp8_per_tensor_weights_with_dynamic_activations(gen: torch.Generator) -> None:
+    """The other pairing: per-tensor weight scales (each half its own) with per-token activation scales."""
+    config, dispatch, dense = fp8_layers(gen, SHAPES[1], torch.float32)
+    weights = quantize_fp8_layer(config, dense, dispatch)
+    kernel_weights = attrs.evolve(TritonFp8Weights.from_fp8(weights), activations=DynamicFp8Activations())
+    channel = Fp8ChannelMoeWeights(
+        w13=Fp8ChannelExpertWeights(kernel_weights.w13, kernel_weights.w13_scales),
+        w2=Fp8ChannelExpertWeights(kernel_weights.w2, kernel_weights.w2_scales),
+    )
+    out = create_runner(TRITON_FP8, config).run(dispatch, kernel_weights)
+    expected = create_runner(REFERENCE_FP8_CHANNEL, config).run(dispatch, channel)
+    assert relative_error(out, expected) < FP8_EXACT
+
+
+def test_fp8_per_channel_weights_with_static_activations(gen: torch.Generator) -> None:
+    """The other pairing: per-channel weight scales with calibrated static input scales, against the float64 MoE."""
+    config, dispatch, dense = fp8_layers(gen, SHAPES[1], torch.float32)
+    scales = quantize_fp8_layer(config, dense, dispatch)
+    channel = quantize_fp8_channel_layer(config, dense, dispatch)
+    static = StaticFp8Activations(w13_input_scale=scales.w13_input_scale, w2_input_scale=scales.w2_input_scale)
+    kernel_weights = attrs.evolve(TritonFp8Weights.from_fp8_channel(channel), activations=static)
+    out = create_runner(TRITON_FP8, config).run(dispatch, kernel_weights)
+    on_cpu = (static.w13_input_scale.to("cpu"), static.w2_input_scale.to("cpu"))
+    expected = float64_moe(
+        config, dispatch, channel.w13.dequantize(), channel.w2.dequantize(),
+        (lambda x: fake_quantize_fp8(x.float(), on_cpu[0]).double(), lambda x: fake_quantize_fp8(x.float(), on_cpu[1]).double()),
+    )
+    assert relative_error(out, expected.to(out.device)) < FP8_EXACT + 1e-5
+
+
+def test_fp8_row_quantization_equals_torch(gen: torch.Generator) -> None:
+    """The kernel's E4M3 codes are torch's, bit for bit, per token and static; a zero row takes the scale floor."""
+    x = (torch.randn(6, 300, generator=gen) * torch.logspace(-3, 3, 6)[:, None]).to(DEVICE)
+    x[2] = 0.0
+    codes, scales = quantize_fp8_rows(x, None)
+    expected_scales = dynamic_fp8_scales(x)
+    assert torch.equal(scales, expected_scales[:, 0]) and float(scales[2]) == pytest.approx(MIN_DYNAMIC_SCALE)
+    assert torch.equal(codes.view(torch.uint8), quantize_fp8(x, expected_scales).view(torch.uint8))
+    static = torch.tensor([0.01], device=DEVICE)
+    codes, scales = quantize_fp8_rows(x, static)
+    assert scales is static
+    assert torch.equal(codes.view(torch.uint8), quantize_fp8(x, static).view(torch.uint8))
 
 
 def test_gelu_and_uneven_k(gen: torch.Generator) -> None:

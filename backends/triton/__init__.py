@@ -1,15 +1,16 @@
-"""The Triton fused MoE backend: bf16/fp16 weights, and NVFP4 weights with bf16/fp16 activations (W4A16).
+"""The Triton fused MoE backend: bf16/fp16 weights, FP8 W8A8, and NVFP4 weights with bf16/fp16 activations (W4A16).
 
 Token sorting (:mod:`.sorting`), the grouped GEMMs with the gated activation
 and the top-k weights fused, and the combine (:mod:`.kernels`) are Triton,
 with block sizes from :mod:`.configs`; :mod:`.runner` runs them with no
 host synchronization (CUDA-graph capturable) and expert parallelism (local
-experts with an offset; pairs routed elsewhere contribute nothing).
+experts with an offset; pairs routed elsewhere contribute nothing); the FP8
+runner quantizes each GEMM input first (:mod:`.quantize`).
 
 Importing this module registers the keys without importing Triton, so a
 machine without it lists the backends as unavailable with the reason.
 Available on CUDA devices of compute capability 8.0 or newer (NVFP4: 8.9,
-for the E4M3 scale conversion), and on the CPU under Triton's interpreter
+for the E4M3 scale conversion; FP8: 8.9, for FP8 dot products), and on the CPU under Triton's interpreter
 (``TRITON_INTERPRET=1``: slow, for tests).
 """
 
@@ -22,6 +23,8 @@ import torch
 
 from moe_core import (
     DENSE,
+    FP8,
+    FP8_CHANNEL,
     NVFP4_W4A16,
     Availability,
     BackendKey,
@@ -30,7 +33,7 @@ from moe_core import (
     Runner,
     register_backend,
 )
-from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights
+from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonFp8Weights, TritonNvfp4W4A16Weights
 
 
 def _availability(device: torch.device, capability: tuple[int, int]) -> Availability:
@@ -60,6 +63,11 @@ def nvfp4_availability(device: torch.device) -> Availability:
     return _availability(device, (8, 9))
 
 
+def fp8_availability(device: torch.device) -> Availability:
+    """Triton present, and a CUDA device of compute capability 8.9+ (FP8 dot products), or the CPU interpreter."""
+    return _availability(device, (8, 9))
+
+
 def _dense_runner(config: MoeRunnerConfig) -> Runner[TritonDenseWeights]:
     """The bf16/fp16 runner, imported on first use so that registering needs no Triton."""
     from moe_core.backends.triton.runner import TritonDenseRunner
@@ -72,6 +80,13 @@ def _nvfp4_w4a16_runner(config: MoeRunnerConfig) -> Runner[TritonNvfp4W4A16Weigh
     from moe_core.backends.triton.runner import TritonNvfp4W4A16Runner
 
     return TritonNvfp4W4A16Runner(config)
+
+
+def _fp8_runner(config: MoeRunnerConfig) -> Runner[TritonFp8Weights]:
+    """The FP8 W8A8 runner, imported on first use so that registering needs no Triton."""
+    from moe_core.backends.triton.runner import TritonFp8Runner
+
+    return TritonFp8Runner(config)
 
 
 TRITON_DENSE: BackendKey[TritonDenseWeights] = register_backend(
@@ -91,3 +106,15 @@ TRITON_NVFP4_W4A16: BackendKey[TritonNvfp4W4A16Weights] = register_backend(
     conversions=[Conversion(NVFP4_W4A16, TritonNvfp4W4A16Weights.from_nvfp4)],
 )
 """NVFP4 W4A16 experts (the Hopper fallback for NVFP4 checkpoints)."""
+
+TRITON_FP8: BackendKey[TritonFp8Weights] = register_backend(
+    "triton-fp8",
+    description="Triton fused MoE, FP8 W8A8: per-tensor weights with static input scales, or per-channel with per-token",
+    factory=_fp8_runner,
+    availability=fp8_availability,
+    conversions=[
+        Conversion(FP8, TritonFp8Weights.from_fp8),
+        Conversion(FP8_CHANNEL, TritonFp8Weights.from_fp8_channel),
+    ],
+)
+"""FP8 E4M3 W8A8 experts."""

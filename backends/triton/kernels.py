@@ -15,7 +15,13 @@ constexpr flags:
 - ``NVFP4``: ``B`` is packed E2M1 (two codes a byte along K) with one E4M3
   scale per 16 elements, dequantized in registers; each half's per-expert
   dequantize-side global scale multiplies the accumulator. Otherwise ``B`` is
-  bf16/fp16 ``[E, N, K]``.
+  bf16/fp16 or FP8 E4M3 ``[E, N, K]``.
+- ``FP8``: ``A`` and ``B`` are E4M3 and the dot products FP8; the
+  accumulator is multiplied by ``A``'s row scale (per token, or one static
+  scale with stride 0) and ``B``'s per-channel scale (``dequant [E, N]``,
+  the up half at column ``I + n``). ``OUT_FP8``: the gated output is
+  quantized to E4M3 with one static scale (the second GEMM's input scale)
+  before it is stored.
 
 Every program reads its block's expert and rows from :mod:`.sorting`'s
 output and returns at once past the rows in use, so the launch grid is a
@@ -78,6 +84,59 @@ def scatter_kernel(ids_ptr, starts_ptr, cursors_ptr, sorted_ptr, numel, offset, 
 
 
 @triton.jit
+def _e4m3_values(x, scale, ROUND_FIRST: tl.constexpr):
+    """``x / scale`` (IEEE division) saturated to +-448, ready for the cast to E4M3.
+
+    ``ROUND_FIRST`` (Triton's CPU interpreter, which casts float32 to E4M3
+    wrongly where rounding carries into the exponent: triton 3.7.1 turns
+    31.27 into 16): round onto the E4M3 grid in float32 first, ties to even
+    (3 mantissa bits for normals, steps of 2^-9 below 2^-6), so the cast is exact.
+    """
+    v = tl.clamp(tl.math.div_rn(x, scale), -448.0, 448.0)
+    if ROUND_FIRST:
+        magnitude = tl.abs(v)
+        bits = magnitude.to(tl.uint32, bitcast=True)
+        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+        subnormal = ((magnitude * 512.0 + 12582912.0) - 12582912.0) / 512.0
+        magnitude = tl.where(magnitude < 0.015625, subnormal, normal)
+        v = tl.where(v < 0, -magnitude, magnitude)
+    return v
+
+
+@triton.jit
+def quantize_rows_kernel(
+    x_ptr, q_ptr, scales_ptr, static_ptr, ids_ptr, K, stride_xm, stride_qm, min_scale, offset, num_local,
+    DYNAMIC: tl.constexpr, PAIRS: tl.constexpr, ROUND_FIRST: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One row of ``x`` to E4M3: with its own scale ``max(amax / 448, min_scale)`` (``DYNAMIC``, written to
+    ``scales``) or the one static scale; IEEE division, so the codes equal torch's for the same values.
+
+    ``PAIRS``: the rows are (token, slot) pairs and those routed to another
+    rank's experts (``ids - offset`` outside ``[0, num_local)``) are skipped:
+    the first GEMM never wrote them.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    if PAIRS:
+        expert = tl.load(ids_ptr + row) - offset
+        if (expert < 0) | (expert >= num_local):
+            return
+    x_row, q_row = x_ptr + row * stride_xm, q_ptr + row * stride_qm
+    if DYNAMIC:
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for start in range(0, K, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            amax = tl.maximum(amax, tl.abs(tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)))
+        scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), min_scale)
+        tl.store(scales_ptr + row, scale)
+    else:
+        scale = tl.load(static_ptr)
+    for start in range(0, K, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
+        tl.store(q_row + cols, _e4m3_values(x, scale, ROUND_FIRST).to(q_ptr.dtype.element_ty), mask=cols < K)
+
+
+@triton.jit
 def _e2m1_over_2_14(codes):
     """4-bit E2M1 codes (bit 3 the sign) as float32 values divided by 2^14, from their bits.
 
@@ -125,9 +184,10 @@ def _nvfp4_tiles(
 @triton.jit
 def moe_gemm_kernel(
     a_ptr, b_ptr, b_scales_ptr, dequant_ptr, c_ptr, topk_weights_ptr, sorted_ptr, expert_ids_ptr, num_rows_ptr,
-    N, K, num_pairs, top_k, max_blocks,
-    stride_am, stride_be, stride_bn, stride_se, stride_sn, stride_de, stride_cm,
-    GATED: tl.constexpr, NVFP4: tl.constexpr, ACTIVATION: tl.constexpr, UPCAST: tl.constexpr,
+    a_scales_ptr, out_scale_ptr, N, K, num_pairs, top_k, max_blocks,
+    stride_am, stride_be, stride_bn, stride_se, stride_sn, stride_de, stride_dn, stride_as, stride_cm,
+    GATED: tl.constexpr, NVFP4: tl.constexpr, FP8: tl.constexpr, OUT_FP8: tl.constexpr, ACTIVATION: tl.constexpr,
+    UPCAST: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """``C[pair] = A[row] @ B[expert].T`` for every sorted pair, see the module docstring."""
@@ -193,12 +253,20 @@ def moe_gemm_kernel(
                 up = _dense_tile(b_expert + N * stride_bn + k_start, offs_n, offs_k, K - k_start, stride_bn, EVEN_K)
                 acc_up = tl.dot(a, up.to(dot_dtype), acc_up)
             a_ptrs += BLOCK_K
+        if FP8:
+            a_scales = tl.load(a_scales_ptr + a_rows * stride_as)[:, None]
+            acc = acc * a_scales * tl.load(dequant_ptr + expert * stride_de + offs_n * stride_dn)[None, :]
+            if GATED:
+                up_scales = tl.load(dequant_ptr + expert * stride_de + (offs_n + N) * stride_dn)
+                acc_up = acc_up * a_scales * up_scales[None, :]
     if GATED:
         if ACTIVATION == 0:
             gate = acc / (1.0 + tl.exp(-acc))
         else:
             gate = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
         result = gate * acc_up
+        if OUT_FP8:
+            result = _e4m3_values(result, tl.load(out_scale_ptr), UPCAST)
     else:
         result = acc * tl.load(topk_weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -4,6 +4,12 @@ W4A16 is not W4A4: :class:`TritonNvfp4W4A16Weights` runs NVFP4 weights with
 bf16/fp16 activations (the input scales of the checkpoint are not used), so
 it is its own type and is converted from the ``NVFP4_W4A16`` format, never
 handed where a W4A4 quant info belongs.
+
+FP8 W8A8 (:class:`TritonFp8Weights`) holds per-channel weight scales (per-tensor
+checkpoints' scales repeated on every row of their matrix, which is exact) and
+how the activations are quantized: :class:`StaticFp8Activations` (one
+calibrated scale per GEMM input) or :class:`DynamicFp8Activations` (each row
+its own amax at run time).
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ import torch
 from moe_core import (
     DenseMoeWeights,
     ExpertDequantizeGlobalScales,
+    Fp8ChannelMoeWeights,
+    Fp8ChannelScales,
+    Fp8MoeWeights,
+    Fp8TensorScale,
     LinearBlockScales,
     Nvfp4ExpertWeights,
     Nvfp4MoeWeights,
@@ -160,3 +170,115 @@ class TritonNvfp4W4A16Weights:
     def device(self) -> torch.device:
         """Where the weights live."""
         return self.w13_packed.device
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class StaticFp8Activations:
+    """Each GEMM input quantized with one calibrated per-tensor scale (a checkpoint's ``input_scale``s)."""
+
+    w13_input_scale: Fp8TensorScale
+    """Quantizes the hidden states."""
+    w2_input_scale: Fp8TensorScale
+    """Quantizes the gated activation (the first GEMM writes E4M3 directly)."""
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("w13_input_scale", "w2_input_scale"):
+            if not isinstance(getattr(self, name), Fp8TensorScale):
+                raise TypeError(f"StaticFp8Activations.{name}: expected Fp8TensorScale, got {type(getattr(self, name)).__name__}")
+
+
+@final
+@attrs.frozen
+class DynamicFp8Activations:
+    """Each GEMM input's rows quantized with their own amax at run time (per-token scales, nothing calibrated)."""
+
+
+Fp8Activations = StaticFp8Activations | DynamicFp8Activations
+"""How a W8A8 forward quantizes its GEMM inputs."""
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class TritonFp8Weights:
+    """FP8 E4M3 W8A8 experts as the kernels read them: codes, per-channel dequantize-side scales, the activations' scheme.
+
+    ``w13 [E, 2I, H]`` (gate rows first) with ``w13_scales [E, 2I]``, so the
+    gate and up halves keep their own scales; ``w2 [E, H, I]`` with
+    ``w2_scales [E, H]``.
+    """
+
+    w13: torch.Tensor
+    w13_scales: Fp8ChannelScales
+    w2: torch.Tensor
+    w2_scales: Fp8ChannelScales
+    activations: Fp8Activations
+
+    def __attrs_post_init__(self) -> None:
+        for name, tensor, scales in (("w13", self.w13, self.w13_scales), ("w2", self.w2, self.w2_scales)):
+            require_tensor(f"TritonFp8Weights.{name}", tensor)
+            require_dtype(f"TritonFp8Weights.{name}", tensor, (torch.float8_e4m3fn,))
+            require_ndim(f"TritonFp8Weights.{name}", tensor, 3, "[num_experts, out_features, in_features]")
+            if not tensor.is_contiguous():
+                raise ValueError(f"TritonFp8Weights.{name}: expected a contiguous tensor")
+            if not isinstance(scales, Fp8ChannelScales) or tuple(scales.value.shape) != tuple(tensor.shape[:2]):
+                raise ValueError(f"TritonFp8Weights.{name}_scales: expected Fp8ChannelScales of shape {tuple(tensor.shape[:2])}")
+        if not isinstance(self.activations, (StaticFp8Activations, DynamicFp8Activations)):
+            raise TypeError(
+                f"TritonFp8Weights.activations: expected StaticFp8Activations or DynamicFp8Activations, "
+                f"got {type(self.activations).__name__}"
+            )
+        _expert_dims(self.w13, self.w2, 1)
+        tensors = [("w13", self.w13), ("w2", self.w2), ("w13_scales", self.w13_scales.value), ("w2_scales", self.w2_scales.value)]
+        if isinstance(self.activations, StaticFp8Activations):
+            tensors.append(("w13_input_scale", self.activations.w13_input_scale.value))
+            tensors.append(("w2_input_scale", self.activations.w2_input_scale.value))
+        require_same_device(tensors)
+
+    @classmethod
+    def from_fp8(cls, weights: Fp8MoeWeights) -> TritonFp8Weights:
+        """Per-tensor FP8 weights with their static input scales; each half's scale repeated on its rows."""
+        gate, up = weights.w13.gate, weights.w13.up
+        rows = gate.shape[1]
+        return cls(
+            w13=torch.cat((gate.codes, up.codes), dim=1).contiguous(),
+            w13_scales=Fp8ChannelScales(
+                _value=torch.cat((Fp8ChannelScales.from_expert(gate.scales, rows).value, Fp8ChannelScales.from_expert(up.scales, rows).value), dim=1)
+            ),
+            w2=weights.w2.codes.contiguous(),
+            w2_scales=Fp8ChannelScales.from_expert(weights.w2.scales, weights.w2.shape[1]),
+            activations=StaticFp8Activations(
+                w13_input_scale=weights.w13_input_scale, w2_input_scale=weights.w2_input_scale
+            ),
+        )
+
+    @classmethod
+    def from_fp8_channel(cls, weights: Fp8ChannelMoeWeights) -> TritonFp8Weights:
+        """Per-channel FP8 weights as they are, activations quantized per token."""
+        return cls(
+            w13=weights.w13.codes.contiguous(),
+            w13_scales=weights.w13.scales,
+            w2=weights.w2.codes.contiguous(),
+            w2_scales=weights.w2.scales,
+            activations=DynamicFp8Activations(),
+        )
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held."""
+        return int(self.w13.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return int(self.w13.shape[2])
+
+    @property
+    def intermediate_size(self) -> int:
+        """I."""
+        return int(self.w2.shape[2])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.w13.device

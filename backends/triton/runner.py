@@ -1,4 +1,4 @@
-"""The Triton backend's runners: sort the tokens, two grouped GEMMs, the combine; nothing else.
+"""The Triton backend's runners: sort the tokens, two grouped GEMMs, the combine (and for FP8 the inputs' quantization).
 
 ``run`` checks the dispatch and quant info from metadata only, allocates its
 buffers from the caching allocator and reads nothing back to the host, so a
@@ -17,7 +17,14 @@ import torch
 from moe_core import Activation, DispatchFormat, DispatchOutput, MoeRunnerConfig, check_run_inputs
 from moe_core.backends.triton.configs import KernelConfig, choose
 from moe_core.backends.triton.kernels import GELU, SILU, combine_kernel, moe_gemm_kernel
-from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights
+from moe_core.backends.triton.quant_info import (
+    Fp8Activations,
+    StaticFp8Activations,
+    TritonDenseWeights,
+    TritonFp8Weights,
+    TritonNvfp4W4A16Weights,
+)
+from moe_core.backends.triton.quantize import LocalPairs, quantize_fp8_rows
 from moe_core.backends.triton.sorting import SortedTokens, cdiv, sort_tokens
 
 COMBINE_BLOCK = 1024
@@ -38,8 +45,9 @@ def _device_name(device: torch.device) -> str:
 @final
 @attrs.frozen(eq=False)
 class Gemm:
-    """One grouped GEMM launch's operands: ``B`` (and for NVFP4 its block scales and per-expert dequantize
-    factors), the output columns ``n``, the reduction ``k`` and the block sizes."""
+    """One grouped GEMM launch's operands: ``B`` (for NVFP4 with its block scales and per-expert dequantize
+    factors, for FP8 with its per-channel scales as ``dequant``), the output columns ``n``, the reduction ``k``
+    and the block sizes."""
 
     b: torch.Tensor
     b_scales: torch.Tensor | None
@@ -51,38 +59,68 @@ class Gemm:
 
 def launch(
     a: torch.Tensor, gemm: Gemm, out: torch.Tensor, topk_weights: torch.Tensor, sorted_tokens: SortedTokens,
-    top_k: int, gated: bool, activation: int,
+    top_k: int, gated: bool, activation: int, a_scales: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
 ) -> None:
-    """Launch the grouped GEMM: gated (the first GEMM) or weighted by the top-k weights (the second)."""
+    """Launch the grouped GEMM: gated (the first GEMM) or weighted by the top-k weights (the second).
+
+    FP8 (``B`` E4M3): ``a_scales`` dequantizes ``a``'s rows (``[rows]``, or
+    ``[1]`` for one static scale); ``out_scale`` quantizes the gated output to
+    E4M3 (``out`` must then be E4M3).
+    """
     config = gemm.config
     grid = (sorted_tokens.max_blocks * cdiv(gemm.n, config.block_n),)
     scales, dequant = gemm.b_scales, gemm.dequant
+    fp8 = gemm.b.dtype == torch.float8_e4m3fn
+    if fp8 and a_scales is None:
+        raise ValueError("launch: FP8 weights need the scales of their FP8 input rows")
     moe_gemm_kernel[grid](
         a, gemm.b, gemm.b if scales is None else scales, topk_weights if dequant is None else dequant,
         out, topk_weights, sorted_tokens.sorted_ids, sorted_tokens.expert_ids, sorted_tokens.num_rows,
+        topk_weights if a_scales is None else a_scales, topk_weights if out_scale is None else out_scale,
         gemm.n, gemm.k, topk_weights.numel(), top_k, sorted_tokens.max_blocks,
         a.stride(0), gemm.b.stride(0), gemm.b.stride(1),
         0 if scales is None else scales.stride(0), 0 if scales is None else scales.stride(1),
-        0 if dequant is None else (dequant.stride(0) if dequant.dim() > 1 else 1), out.stride(0),
-        GATED=gated, NVFP4=scales is not None, ACTIVATION=activation, UPCAST=interpreted(),
+        0 if dequant is None else (dequant.stride(0) if dequant.dim() > 1 else 1),
+        dequant.stride(1) if dequant is not None and dequant.dim() > 1 else 0,
+        a_scales.stride(0) if a_scales is not None and a_scales.shape[0] > 1 else 0, out.stride(0),
+        GATED=gated, NVFP4=scales is not None, FP8=fp8, OUT_FP8=out_scale is not None, ACTIVATION=activation,
+        UPCAST=interpreted(),
         EVEN_K=gemm.k % config.block_k == 0, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
 
-def fused_moe(config: MoeRunnerConfig, dispatch: DispatchOutput, w13: Gemm, w2: Gemm) -> torch.Tensor:
-    """Sort, ``act(x @ w13.T)``, ``@ w2.T`` times the top-k weights, and the combine."""
+def fused_moe(
+    config: MoeRunnerConfig, dispatch: DispatchOutput, w13: Gemm, w2: Gemm, fp8: Fp8Activations | None = None
+) -> torch.Tensor:
+    """Sort, ``act(x @ w13.T)``, ``@ w2.T`` times the top-k weights, and the combine.
+
+    With ``fp8`` (W8A8) each GEMM input is quantized first: statically (the
+    first GEMM writes the gated activation in E4M3) or per row.
+    """
     hidden = dispatch.hidden_states
     ids, weights = dispatch.topk.topk_ids, dispatch.topk.topk_weights.contiguous()
     tokens, top_k = ids.shape
     sorted_tokens = sort_tokens(ids, config.num_local_experts, config.local_expert_offset, w13.config.block_m)
     activation = SILU if config.activation is Activation.SILU_GATED else GELU
     x = hidden.contiguous()
-    inter = torch.empty((tokens * top_k, w13.n), dtype=hidden.dtype, device=hidden.device)
-    launch(x, w13, inter, weights, sorted_tokens, top_k, True, activation)
+    static = fp8 if isinstance(fp8, StaticFp8Activations) else None
+    x_scales = inter_scales = None
+    if fp8 is not None:
+        x, x_scales = quantize_fp8_rows(x, None if static is None else static.w13_input_scale.value)
+    inter_dtype = torch.float8_e4m3fn if static is not None else hidden.dtype
+    inter = torch.empty((tokens * top_k, w13.n), dtype=inter_dtype, device=hidden.device)
+    out_scale = None if static is None else static.w2_input_scale.value
+    launch(x, w13, inter, weights, sorted_tokens, top_k, True, activation, x_scales, out_scale)
+    if static is not None:
+        inter_scales = static.w2_input_scale.value
+    elif fp8 is not None:
+        local = LocalPairs(ids.reshape(-1), config.local_expert_offset, config.num_local_experts)
+        inter, inter_scales = quantize_fp8_rows(inter, None, local)
     down = torch.empty((tokens * top_k, w2.n), dtype=hidden.dtype, device=hidden.device)
-    launch(inter, w2, down, weights, sorted_tokens, top_k, False, activation)
-    out = torch.empty_like(x)
+    launch(inter, w2, down, weights, sorted_tokens, top_k, False, activation, inter_scales)
+    out = torch.empty_like(hidden, memory_format=torch.contiguous_format)
     grid = (tokens, cdiv(w2.n, COMBINE_BLOCK))
     combine_kernel[grid](
         down, ids, out, w2.n, top_k, config.local_expert_offset, config.num_local_experts,
@@ -114,6 +152,15 @@ def nvfp4_w4a16_gemms(quant_info: TritonNvfp4W4A16Weights, w13: KernelConfig, w2
     )
 
 
+def fp8_gemms(quant_info: TritonFp8Weights, w13: KernelConfig, w2: KernelConfig) -> tuple[Gemm, Gemm]:
+    """The two GEMM launches of FP8 weights under the given block sizes."""
+    inter, hidden = quant_info.intermediate_size, quant_info.hidden_size
+    return (
+        Gemm(quant_info.w13, None, quant_info.w13_scales.value, inter, hidden, w13),
+        Gemm(quant_info.w2, None, quant_info.w2_scales.value, hidden, inter, w2),
+    )
+
+
 @final
 @attrs.frozen
 class TritonDenseRunner:
@@ -139,3 +186,17 @@ class TritonNvfp4W4A16Runner:
         """The ``[T, H]`` MoE output in the activations' dtype."""
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
         return fused_moe(self.config, dispatch, *nvfp4_w4a16_gemms(quant_info, *_configs(self.config, dispatch, "nvfp4")))
+
+
+@final
+@attrs.frozen
+class TritonFp8Runner:
+    """FP8 W8A8 experts through the fused Triton kernels: FP8 dot products, bf16/fp16 activations in and out."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: TritonFp8Weights, /) -> torch.Tensor:
+        """The ``[T, H]`` MoE output in the activations' dtype."""
+        check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
+        gemms = fp8_gemms(quant_info, *_configs(self.config, dispatch, "fp8"))
+        return fused_moe(self.config, dispatch, *gemms, fp8=quant_info.activations)

@@ -1,0 +1,49 @@
+"""FP8 quantization of a GEMM input's rows, on the device, for the W8A8 runner."""
+
+from __future__ import annotations
+
+import os
+from typing import final
+
+import attrs
+import torch
+
+from moe_core.backends.triton.kernels import quantize_rows_kernel
+from moe_core.backends.triton.sorting import next_power_of_2
+from moe_core.fp8 import MIN_DYNAMIC_SCALE
+
+@final
+@attrs.frozen(eq=False)
+class LocalPairs:
+    """The (token, slot) pairs' expert ids ``[T * K]`` and this rank's experts ``[offset, offset + num_local)``."""
+
+    topk_ids: torch.Tensor
+    offset: int
+    num_local: int
+
+
+MAX_BLOCK = 4096
+"""Columns per step of the one program per row."""
+
+
+def quantize_fp8_rows(
+    x: torch.Tensor, static_scale: torch.Tensor | None, pairs: LocalPairs | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` as E4M3 codes and the scales that dequantize them.
+
+    With ``static_scale`` (float32 ``[1]``) every row takes it and it is
+    returned as the scales; otherwise each row gets its own
+    ``max(amax / 448, MIN_DYNAMIC_SCALE)``, returned as ``[M]`` float32.
+    With ``pairs`` the rows are (token, slot) pairs and only this rank's are
+    quantized (the others' codes and scales are left unwritten).
+    """
+    rows, cols = x.shape
+    codes = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
+    scales = static_scale if static_scale is not None else torch.empty(rows, dtype=torch.float32, device=x.device)
+    ids = scales if pairs is None else pairs.topk_ids
+    offset, num_local = (0, 0) if pairs is None else (pairs.offset, pairs.num_local)
+    quantize_rows_kernel[(rows,)](
+        x, codes, scales, scales, ids, cols, x.stride(0), codes.stride(0), MIN_DYNAMIC_SCALE, offset, num_local,
+        DYNAMIC=static_scale is None, PAIRS=pairs is not None, ROUND_FIRST=os.environ.get("TRITON_INTERPRET") == "1", BLOCK=min(MAX_BLOCK, next_power_of_2(cols)),
+    )
+    return codes, scales
