@@ -3,16 +3,18 @@
 Run from the repository root (any CUDA GPU)::
 
     python benchmarks/bench_moe.py [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096,8192]
-        [--backends triton-dense,triton-nvfp4-w4a16,flashinfer-cutlass-bf16,flashinfer-cutlass-fp8]
+        [--backends triton-dense,triton-fp8,triton-fp8-channel,triton-nvfp4-w4a16,flashinfer-cutlass-bf16,...]
 
 The FlashInfer CUTLASS rows run where their backend is available (FlashInfer
 installed, SM90 or later), autotuned at each token count before they are
-timed. FP8 is per-tensor W8A8 of the same weights, its static input scales
-calibrated on a separate random batch of 64 tokens; its error is against the
-bf16 reference, so it includes FP8's own quantization error.
+timed. FP8 is W8A8 of the same weights: per tensor with static input scales
+calibrated on a separate random batch of 64 tokens (``triton-fp8``,
+``flashinfer-cutlass-fp8``), or per channel with dynamic per-token scales
+(``triton-fp8-channel``); its error is against the bf16 reference, so it
+includes FP8's own quantization error.
 
-It measures the device's copy bandwidth and bf16 matmul rate first, in the
-same run, then prints one table per shape: per backend and token count the
+It measures the device's copy bandwidth and bf16 and FP8 matmul rates first,
+in the same run (FP8 rows' roofline uses the FP8 rate), then prints one table per shape: per backend and token count the
 median time (CUDA-graph replay for T <= 64, else ``triton.testing.do_bench``),
 TFLOP/s, GB/s of the weight bytes actually read (the experts the routing hit),
 the fraction of the roofline ``max(bytes / copy bandwidth, flops / matmul
@@ -41,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from moe_core import (  # noqa: E402
     DenseMoeWeights,
     ExpertQuantizeGlobalScales,
+    Fp8ChannelExpertWeights,
+    Fp8ChannelMoeWeights,
     Fp8MoeWeights,
     LinearBlockScales,
     Nvfp4MoeWeights,
@@ -56,8 +60,8 @@ from moe_core.backends._flashinfer import autotuning  # noqa: E402
 from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16, FLASHINFER_CUTLASS_FP8  # noqa: E402
 from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassFp8Weights  # noqa: E402
 from moe_core.backends.reference import REFERENCE_DENSE  # noqa: E402
-from moe_core.backends.triton import TRITON_DENSE, TRITON_NVFP4_W4A16  # noqa: E402
-from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonNvfp4W4A16Weights  # noqa: E402
+from moe_core.backends.triton import TRITON_DENSE, TRITON_FP8, TRITON_NVFP4_W4A16  # noqa: E402
+from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonFp8Weights, TritonNvfp4W4A16Weights  # noqa: E402
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights  # noqa: E402
 from moe_core.synthetic import quantize_fp8_layer  # noqa: E402
 
@@ -96,16 +100,23 @@ def median_ms(fn: Forward, graph: bool) -> float:
     return statistics.median(times)
 
 
-def device_ceilings() -> tuple[float, float]:
-    """Copy bandwidth (bytes read + written, GB/s) and bf16 8192^3 matmul rate (TFLOP/s), measured now."""
+Ceilings = tuple[float, float, float]
+"""Copy GB/s, bf16 matmul TFLOP/s, FP8 matmul TFLOP/s."""
+
+
+def device_ceilings() -> Ceilings:
+    """Copy bandwidth (bytes read + written, GB/s) and 8192^3 bf16 and FP8 (``torch._scaled_mm``) matmul rates, measured now."""
     src = torch.randn(2**30, device="cuda", dtype=torch.float32)  # 4 GiB
     dst = torch.empty_like(src)
     copy = median_ms(lambda: dst.copy_(src), graph=False)
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     mm = median_ms(lambda: a @ b, graph=False)
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    mm8 = median_ms(lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), graph=False)
     del src, dst
-    return 2 * 4 * 2**30 / copy / 1e6, 2 * 8192**3 / mm / 1e9
+    return 2 * 4 * 2**30 / copy / 1e6, 2 * 8192**3 / mm / 1e9, 2 * 8192**3 / mm8 / 1e9
 
 
 def grouped_mm_moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -162,8 +173,10 @@ def fp8_layer(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor) -> F
     return quantize_fp8_layer(config, DenseMoeWeights(w13=w13, w2=w2), dispatch)
 
 
-def row(name: str, ms: float, flops: float, weight_bytes: float, ceilings: tuple[float, float], base: float | None) -> dict[str, object]:
-    bw, rate = ceilings
+def row(
+    name: str, ms: float, flops: float, weight_bytes: float, ceilings: Ceilings, base: float | None, fp8: bool = False
+) -> dict[str, object]:
+    bw, rate = ceilings[0], ceilings[2] if fp8 else ceilings[1]
     floor = max(weight_bytes / bw / 1e6, flops / rate / 1e9)
     return {
         "backend": name, "ms": ms, "tflops": flops / ms / 1e9, "gbs": weight_bytes / ms / 1e6,
@@ -171,37 +184,50 @@ def row(name: str, ms: float, flops: float, weight_bytes: float, ceilings: tuple
     }
 
 
-BACKENDS = ("triton-dense", "triton-nvfp4-w4a16", "flashinfer-cutlass-bf16", "flashinfer-cutlass-fp8")
+BACKENDS = (
+    "triton-dense", "triton-fp8", "triton-fp8-channel", "triton-nvfp4-w4a16", "flashinfer-cutlass-bf16",
+    "flashinfer-cutlass-fp8",
+)
 """What ``--backends`` chooses from; ``torch._grouped_mm`` always runs (it is the baseline)."""
 
 
-def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, backends: list[str]) -> dict[str, tuple[MoeForward, float, bool]]:
-    """label -> (bound runner, bytes per weight, autotune first) for each chosen backend that runs here."""
-    runners: dict[str, tuple[MoeForward, float, bool]] = {}
+Bench = tuple[MoeForward, float, bool, bool]
+"""A bound runner, bytes per weight, whether to autotune first, whether its roofline uses the FP8 rate."""
+
+
+def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, backends: list[str]) -> dict[str, Bench]:
+    """label -> what to time, for each chosen backend that runs here."""
+    runners: dict[str, Bench] = {}
     if "triton-dense" in backends:
-        runners["triton bf16"] = (TRITON_DENSE.bind(config, TritonDenseWeights(w13=w13, w2=w2)), 2.0, False)
+        runners["triton bf16"] = (TRITON_DENSE.bind(config, TritonDenseWeights(w13=w13, w2=w2)), 2.0, False, False)
+    if "triton-fp8" in backends:
+        fp8_weights = TritonFp8Weights.from_fp8(fp8_layer(config, w13, w2))
+        runners["triton fp8 static"] = (TRITON_FP8.bind(config, fp8_weights), 1.0, False, True)
+    if "triton-fp8-channel" in backends:
+        channel = Fp8ChannelMoeWeights(w13=Fp8ChannelExpertWeights.quantize(w13), w2=Fp8ChannelExpertWeights.quantize(w2))
+        runners["triton fp8 channel dynamic"] = (TRITON_FP8.bind(config, TritonFp8Weights.from_fp8_channel(channel)), 1.0, False, True)
     if "triton-nvfp4-w4a16" in backends:
         nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2))
-        runners["triton nvfp4 w4a16"] = (TRITON_NVFP4_W4A16.bind(config, nvfp4), 0.5 + 1 / 16, False)
+        runners["triton nvfp4 w4a16"] = (TRITON_NVFP4_W4A16.bind(config, nvfp4), 0.5 + 1 / 16, False, False)
     if "flashinfer-cutlass-bf16" in backends:
         verdict = FLASHINFER_CUTLASS_BF16.availability(w13.device)
         if verdict.ok:
             cutlass = CutlassBf16Weights.from_dense(DenseMoeWeights(w13=w13, w2=w2))
-            runners["flashinfer cutlass bf16"] = (FLASHINFER_CUTLASS_BF16.bind(config, cutlass), 2.0, True)
+            runners["flashinfer cutlass bf16"] = (FLASHINFER_CUTLASS_BF16.bind(config, cutlass), 2.0, True, False)
         else:
             print(f"  flashinfer-cutlass-bf16 skipped: {'; '.join(verdict.reasons)}", flush=True)
     if "flashinfer-cutlass-fp8" in backends:
         verdict = FLASHINFER_CUTLASS_FP8.availability(w13.device)
         if verdict.ok:
             fp8 = CutlassFp8Weights.from_fp8(fp8_layer(config, w13, w2))
-            runners["flashinfer cutlass fp8"] = (FLASHINFER_CUTLASS_FP8.bind(config, fp8), 1.0, True)
+            runners["flashinfer cutlass fp8"] = (FLASHINFER_CUTLASS_FP8.bind(config, fp8), 1.0, True, True)
         else:
             print(f"  flashinfer-cutlass-fp8 skipped: {'; '.join(verdict.reasons)}", flush=True)
     return runners
 
 
 def bench_shape(
-    name: str, token_counts: list[int], ceilings: tuple[float, float], gen: torch.Generator, backends: list[str]
+    name: str, token_counts: list[int], ceilings: Ceilings, gen: torch.Generator, backends: list[str]
 ) -> list[dict[str, object]]:
     experts, top_k, hidden, inter = SHAPES[name]
     config = MoeRunnerConfig(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k)
@@ -219,7 +245,7 @@ def bench_shape(
         base = median_ms(lambda: grouped_mm_moe(x, topk.topk_ids, topk.topk_weights, w13, w2), graph)
         table = [row("torch._grouped_mm", base, flops, hit * 3 * hidden * inter * 2.0, ceilings, base)]
         outputs = {}
-        for label, (forward, bytes_per_weight, tune) in runners.items():
+        for label, (forward, bytes_per_weight, tune, fp8) in runners.items():
             if tune:
                 with autotuning():
                     forward(dispatch)
@@ -229,7 +255,7 @@ def bench_shape(
             except RuntimeError as error:  # a kernel that cannot be captured is timed eagerly, and labelled so
                 print(f"  {label} T={tokens}: no CUDA graph ({str(error).splitlines()[0][:120]}); timed eagerly", flush=True)
                 ms, label = median_ms(lambda: forward(dispatch), False), f"{label} (eager)"  # noqa: B023
-            table.append(row(label, ms, flops, hit * 3 * hidden * inter * bytes_per_weight, ceilings, base))
+            table.append(row(label, ms, flops, hit * 3 * hidden * inter * bytes_per_weight, ceilings, base, fp8))
         if tokens <= 16:
             reference = create_runner(REFERENCE_DENSE, config)
             start = time.perf_counter()
@@ -248,8 +274,28 @@ def bench_shape(
     return rows
 
 
+def issue_us(fn: Forward, calls: int = 100) -> float:
+    """Host time per call to issue ``fn`` back to back (the GPU catches up afterwards), in us."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    issued = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return issued / calls * 1e6
+
+
 def host_overhead(gen: torch.Generator) -> dict[str, float]:
-    """Eager wall time of one T=1 call minus its graph-replay time (Mixtral shape, bf16)."""
+    """Eager wall time of one T=1 call minus its graph-replay time (Mixtral shape, bf16), and what the host spends.
+
+    ``issue_us``: host time per ``runner.run`` issued back to back;
+    ``sort_issue_us``: the token sort's share; ``launch_issue_us``: one
+    Triton launch (the combine kernel), the floor of each of the six.
+    """
+    from moe_core.backends.triton.kernels import combine_kernel
+    from moe_core.backends.triton.sorting import sort_tokens
+
     experts, top_k, hidden, inter = SHAPES["mixtral"]
     config = MoeRunnerConfig(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k)
     w13, w2 = random_weights("mixtral", gen)
@@ -266,7 +312,19 @@ def host_overhead(gen: torch.Generator) -> dict[str, float]:
         torch.cuda.synchronize()
         eager.append((time.perf_counter() - start) * 1e3)
     median = statistics.median(eager)
-    return {"eager_ms": median, "graph_ms": replay, "host_us": (median - replay) * 1e3}
+    down = torch.empty((top_k, hidden), device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+
+    def one_launch() -> torch.Tensor:
+        combine_kernel[(1, 4)](down, topk.topk_ids, out, hidden, top_k, 0, experts, 1.0, down.stride(0), out.stride(0), BLOCK_H=1024)
+        return out
+
+    return {
+        "eager_ms": median, "graph_ms": replay, "host_us": (median - replay) * 1e3,
+        "issue_us": issue_us(lambda: runner.run(dispatch, dense)),
+        "sort_issue_us": issue_us(lambda: sort_tokens(topk.topk_ids, experts, 0, 16).sorted_ids),
+        "launch_issue_us": issue_us(one_launch),
+    }
 
 
 def print_table(rows: list[dict[str, object]]) -> None:
@@ -300,12 +358,18 @@ def main() -> None:
         parser.error(f"--backends: unknown {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
     gen = torch.Generator().manual_seed(0)
     ceilings = device_ceilings()
-    print(f"{torch.cuda.get_device_name()}: copy {ceilings[0]:.0f} GB/s, bf16 matmul {ceilings[1]:.0f} TFLOP/s", flush=True)
+    print(
+        f"{torch.cuda.get_device_name()}: copy {ceilings[0]:.0f} GB/s, bf16 matmul {ceilings[1]:.0f} TFLOP/s, "
+        f"FP8 matmul {ceilings[2]:.0f} TFLOP/s", flush=True,
+    )
     rows = []
     for name in args.shapes.split(","):
         rows += bench_shape(name, [int(t) for t in args.tokens.split(",")], ceilings, gen, backends)
         torch.cuda.empty_cache()
-    result: dict[str, object] = {"device": torch.cuda.get_device_name(), "copy_gbs": ceilings[0], "matmul_tflops": ceilings[1], "rows": rows}
+    result: dict[str, object] = {
+        "device": torch.cuda.get_device_name(), "copy_gbs": ceilings[0], "matmul_tflops": ceilings[1],
+        "fp8_matmul_tflops": ceilings[2], "rows": rows,
+    }
     if args.host_overhead:
         result["host_overhead"] = host_overhead(gen)
         print(f"host overhead at T=1 (eager minus graph replay): {result['host_overhead']}")
