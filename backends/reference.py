@@ -11,6 +11,8 @@ any device torch runs on. One key per format:
   the gate and up halves each with its own scale;
 - ``REFERENCE_FP8_CHANNEL`` runs per-channel FP8 weights with each GEMM
   input's rows quantized with their own amax (dynamic per-token scales);
+- ``REFERENCE_FP8_BLOCK`` runs 128x128 block-scaled FP8 weights with each
+  GEMM input quantized per token and 128-column group;
 - ``REFERENCE_NVFP4`` runs NVFP4 W4A4 the way the FP4 kernels do: each
   GEMM's input is quantized to NVFP4 with its scalar global input scale
   (16-element E4M3 blocks) and multiplied with the dequantized FP4 weights,
@@ -33,6 +35,7 @@ import torch
 from moe_core import (
     DENSE,
     FP8,
+    FP8_BLOCK_SCALED,
     FP8_CHANNEL,
     NVFP4,
     NVFP4_W4A16,
@@ -42,6 +45,7 @@ from moe_core import (
     DenseMoeWeights,
     DispatchFormat,
     DispatchOutput,
+    Fp8BlockMoeWeights,
     Fp8ChannelMoeWeights,
     Fp8MoeWeights,
     MoeRunnerConfig,
@@ -53,7 +57,7 @@ from moe_core import (
     check_run_values,
     register_backend,
 )
-from moe_core.fp8 import fake_quantize_fp8, fake_quantize_fp8_per_token
+from moe_core.fp8 import fake_quantize_fp8, fake_quantize_fp8_per_group, fake_quantize_fp8_per_token
 
 ExpertMlp = Callable[[int, torch.Tensor], torch.Tensor]
 """``(local expert index, float32 tokens [n, H]) -> float32 [n, H]``."""
@@ -171,6 +175,23 @@ class ReferenceFp8ChannelRunner:
         return run_experts(self.config, dispatch, quant_info, mlp)
 
 
+@final
+@attrs.frozen
+class ReferenceFp8BlockRunner:
+    """Runs block-scaled FP8 experts: both GEMM inputs quantized per token and 128-column group, float32 accumulation."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: Fp8BlockMoeWeights, /) -> torch.Tensor:
+        """The ``[T, H]`` MoE output."""
+
+        def mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
+            h = self.config.activation.apply(fake_quantize_fp8_per_group(x) @ quant_info.w13.dequantize_expert(expert).T)
+            return fake_quantize_fp8_per_group(h) @ quant_info.w2.dequantize_expert(expert).T
+
+        return run_experts(self.config, dispatch, quant_info, mlp)
+
+
 def reference_availability(device: torch.device) -> Availability:
     """Available wherever torch can allocate a tensor that holds data."""
     if device.type == "meta":
@@ -195,6 +216,10 @@ def _fp8_as_is(weights: Fp8MoeWeights) -> Fp8MoeWeights:
 
 
 def _fp8_channel_as_is(weights: Fp8ChannelMoeWeights) -> Fp8ChannelMoeWeights:
+    return weights
+
+
+def _fp8_block_as_is(weights: Fp8BlockMoeWeights) -> Fp8BlockMoeWeights:
     return weights
 
 
@@ -233,6 +258,15 @@ REFERENCE_FP8_CHANNEL: BackendKey[Fp8ChannelMoeWeights] = register_backend(
     conversions=[Conversion(FP8_CHANNEL, _fp8_channel_as_is)],
 )
 """The oracle of the per-channel FP8 format."""
+
+REFERENCE_FP8_BLOCK: BackendKey[Fp8BlockMoeWeights] = register_backend(
+    "reference-fp8-block",
+    description="PyTorch, FP8 W8A8 (128x128 block weights, dynamic 1x128 activation groups), float32 math",
+    factory=ReferenceFp8BlockRunner,
+    availability=reference_availability,
+    conversions=[Conversion(FP8_BLOCK_SCALED, _fp8_block_as_is)],
+)
+"""The oracle of the block-scaled FP8 format."""
 
 REFERENCE_NVFP4_W4A16: BackendKey[Nvfp4MoeWeights] = register_backend(
     "reference-nvfp4-w4a16",

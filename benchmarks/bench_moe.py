@@ -3,14 +3,16 @@
 Run from the repository root (any CUDA GPU)::
 
     python benchmarks/bench_moe.py [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096,8192]
-        [--backends triton-dense,triton-fp8,triton-fp8-channel,triton-nvfp4-w4a16,flashinfer-cutlass-bf16,...]
+        [--backends triton-dense,triton-fp8,triton-fp8-channel,triton-fp8-block,triton-nvfp4-w4a16,
+                    flashinfer-cutlass-bf16,flashinfer-cutlass-fp8]
 
 The FlashInfer CUTLASS rows run where their backend is available (FlashInfer
 installed, SM90 or later), autotuned at each token count before they are
 timed. FP8 is W8A8 of the same weights: per tensor with static input scales
 calibrated on a separate random batch of 64 tokens (``triton-fp8``,
 ``flashinfer-cutlass-fp8``), or per channel with dynamic per-token scales
-(``triton-fp8-channel``); its error is against the bf16 reference, so it
+(``triton-fp8-channel``), or per 128x128 block with per-token 1x128 groups
+(``triton-fp8-block``); its error is against the bf16 reference, so it
 includes FP8's own quantization error.
 
 It measures the device's copy bandwidth and bf16 and FP8 matmul rates first,
@@ -43,8 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from moe_core import (  # noqa: E402
     DenseMoeWeights,
     ExpertQuantizeGlobalScales,
+    Fp8BlockExpertWeights,
+    Fp8BlockMoeWeights,
+    Fp8BlockScales,
     Fp8ChannelExpertWeights,
     Fp8ChannelMoeWeights,
+    Fp8ChannelScales,
     Fp8MoeWeights,
     LinearBlockScales,
     Nvfp4MoeWeights,
@@ -60,8 +66,13 @@ from moe_core.backends._flashinfer import autotuning  # noqa: E402
 from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16, FLASHINFER_CUTLASS_FP8  # noqa: E402
 from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassFp8Weights  # noqa: E402
 from moe_core.backends.reference import REFERENCE_DENSE  # noqa: E402
-from moe_core.backends.triton import TRITON_DENSE, TRITON_FP8, TRITON_NVFP4_W4A16  # noqa: E402
-from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonFp8Weights, TritonNvfp4W4A16Weights  # noqa: E402
+from moe_core.backends.triton import TRITON_DENSE, TRITON_FP8, TRITON_FP8_BLOCK, TRITON_NVFP4_W4A16  # noqa: E402
+from moe_core.backends.triton.quant_info import (  # noqa: E402
+    TritonDenseWeights,
+    TritonFp8BlockWeights,
+    TritonFp8Weights,
+    TritonNvfp4W4A16Weights,
+)
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights  # noqa: E402
 from moe_core.synthetic import quantize_fp8_layer  # noqa: E402
 
@@ -155,6 +166,28 @@ def _in_chunks(w: torch.Tensor, chunk: int = 16) -> Nvfp4ExpertWeights:
     )
 
 
+def fp8_channel_layer(w13: torch.Tensor, w2: torch.Tensor, chunk: int = 16) -> Fp8ChannelMoeWeights:
+    """The layer in FP8 per channel, a few experts at a time (the quantizer's float32 temporaries are 2x bf16)."""
+
+    def quantize(w: torch.Tensor) -> Fp8ChannelExpertWeights:
+        parts = [Fp8ChannelExpertWeights.quantize(w[i : i + chunk]) for i in range(0, w.shape[0], chunk)]
+        scales = Fp8ChannelScales(_value=torch.cat([p.scales.value for p in parts]))
+        return Fp8ChannelExpertWeights(torch.cat([p.codes for p in parts]), scales)
+
+    return Fp8ChannelMoeWeights(w13=quantize(w13), w2=quantize(w2))
+
+
+def fp8_block_layer(w13: torch.Tensor, w2: torch.Tensor, chunk: int = 16) -> Fp8BlockMoeWeights:
+    """The layer in FP8 per 128x128 block, a few experts at a time."""
+
+    def quantize(w: torch.Tensor) -> Fp8BlockExpertWeights:
+        parts = [Fp8BlockExpertWeights.quantize(w[i : i + chunk]) for i in range(0, w.shape[0], chunk)]
+        scales = Fp8BlockScales(_value=torch.cat([p.scales.value for p in parts]))
+        return Fp8BlockExpertWeights(torch.cat([p.codes for p in parts]), scales)
+
+    return Fp8BlockMoeWeights(w13=quantize(w13), w2=quantize(w2))
+
+
 def quantized(w13: torch.Tensor, w2: torch.Tensor) -> Nvfp4MoeWeights:
     """The layer in NVFP4, gate and up with their own scales; the input scales are unused by W4A16."""
     inter = w2.shape[2]
@@ -185,7 +218,7 @@ def row(
 
 
 BACKENDS = (
-    "triton-dense", "triton-fp8", "triton-fp8-channel", "triton-nvfp4-w4a16", "flashinfer-cutlass-bf16",
+    "triton-dense", "triton-fp8", "triton-fp8-channel", "triton-fp8-block", "triton-nvfp4-w4a16", "flashinfer-cutlass-bf16",
     "flashinfer-cutlass-fp8",
 )
 """What ``--backends`` chooses from; ``torch._grouped_mm`` always runs (it is the baseline)."""
@@ -204,8 +237,11 @@ def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, ba
         fp8_weights = TritonFp8Weights.from_fp8(fp8_layer(config, w13, w2))
         runners["triton fp8 static"] = (TRITON_FP8.bind(config, fp8_weights), 1.0, False, True)
     if "triton-fp8-channel" in backends:
-        channel = Fp8ChannelMoeWeights(w13=Fp8ChannelExpertWeights.quantize(w13), w2=Fp8ChannelExpertWeights.quantize(w2))
-        runners["triton fp8 channel dynamic"] = (TRITON_FP8.bind(config, TritonFp8Weights.from_fp8_channel(channel)), 1.0, False, True)
+        channel = TritonFp8Weights.from_fp8_channel(fp8_channel_layer(w13, w2))
+        runners["triton fp8 channel dynamic"] = (TRITON_FP8.bind(config, channel), 1.0, False, True)
+    if "triton-fp8-block" in backends:
+        block = TritonFp8BlockWeights.from_fp8_block(fp8_block_layer(w13, w2))
+        runners["triton fp8 block"] = (TRITON_FP8_BLOCK.bind(config, block), 1.0 + 1 / 128**2 * 4, False, True)
     if "triton-nvfp4-w4a16" in backends:
         nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2))
         runners["triton nvfp4 w4a16"] = (TRITON_NVFP4_W4A16.bind(config, nvfp4), 0.5 + 1 / 16, False, False)

@@ -11,9 +11,11 @@ from moe_core.block_scales import LinearBlockScales, SwizzledBlockScales
 from moe_core.config import Activation, MoeRunnerConfig, RoutingMethod
 from moe_core.conversion import AnyConversion, Conversion, FormatInfo, WeightFormat
 from moe_core.dispatch import DispatchFormat, DispatchOutput, StandardDispatchOutput, TopKOutput
-from moe_core.formats import DENSE, FP8, FP8_CHANNEL, NVFP4, NVFP4_W4A16
+from moe_core.formats import DENSE, FP8, FP8_BLOCK_SCALED, FP8_CHANNEL, NVFP4, NVFP4_W4A16
 from moe_core.fp8 import (
     ExpertFp8Scales,
+    Fp8BlockExpertWeights,
+    Fp8BlockScales,
     Fp8ChannelExpertWeights,
     Fp8ChannelScales,
     Fp8ExpertWeights,
@@ -27,7 +29,7 @@ from moe_core.global_scales import (
     ExpertScalePolicy,
     QuantizeGlobalScale,
 )
-from moe_core.moe_weights import DenseMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
+from moe_core.moe_weights import DenseMoeWeights, Fp8BlockMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
 from moe_core.nvfp4 import GateUpScalePolicy, Nvfp4Arithmetic, Nvfp4ExpertWeights, Nvfp4GateUpWeights, Nvfp4Tensor
 from moe_core.registry import (
     Availability,
@@ -52,6 +54,7 @@ from moe_core.runner import QuantInfo, Runner, check_run_inputs, check_run_value
 __all__ = [
     "DENSE",
     "FP8",
+    "FP8_BLOCK_SCALED",
     "FP8_CHANNEL",
     "NVFP4",
     "NVFP4_W4A16",
@@ -73,6 +76,9 @@ __all__ = [
     "ExpertQuantizeGlobalScales",
     "ExpertScalePolicy",
     "FormatInfo",
+    "Fp8BlockExpertWeights",
+    "Fp8BlockMoeWeights",
+    "Fp8BlockScales",
     "Fp8ChannelExpertWeights",
     "Fp8ChannelMoeWeights",
     "Fp8ChannelScales",

@@ -33,6 +33,7 @@ import torch
 from moe_core.backends.reference import (
     REFERENCE_DENSE,
     REFERENCE_FP8,
+    REFERENCE_FP8_BLOCK,
     REFERENCE_FP8_CHANNEL,
     REFERENCE_NVFP4,
     REFERENCE_NVFP4_W4A16,
@@ -40,12 +41,12 @@ from moe_core.backends.reference import (
 from moe_core.config import MoeRunnerConfig
 from moe_core.conversion import FormatInfo, WeightFormat
 from moe_core.dispatch import StandardDispatchOutput
-from moe_core.float64_moe import float64_moe, fp8_per_token_round_trips, fp8_round_trips, nvfp4_round_trips
-from moe_core.formats import DENSE, FP8, FP8_CHANNEL, NVFP4, NVFP4_W4A16
-from moe_core.moe_weights import DenseMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
+from moe_core.float64_moe import float64_moe, fp8_per_group_round_trips, fp8_per_token_round_trips, fp8_round_trips, nvfp4_round_trips
+from moe_core.formats import DENSE, FP8, FP8_BLOCK_SCALED, FP8_CHANNEL, NVFP4, NVFP4_W4A16
+from moe_core.moe_weights import DenseMoeWeights, Fp8BlockMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
 from moe_core.registry import BackendEntry, BackendKey, MoeForward
 from moe_core.runner import QuantInfo
-from moe_core.synthetic import quantize_fp8_channel_layer, quantize_fp8_layer, quantize_nvfp4_layer
+from moe_core.synthetic import quantize_fp8_block_layer, quantize_fp8_channel_layer, quantize_fp8_layer, quantize_nvfp4_layer
 
 W = TypeVar("W", bound=QuantInfo)
 
@@ -167,8 +168,15 @@ class FormatCheck(Generic[W]):
     independent_name: str
 
     def rows(self, run: CheckRun) -> list[CheckRow]:
-        """Rows for weights of this format built from the run's random float32 layer (see :meth:`rows_for`)."""
-        weights = self.build(run.config, run.source, run.dispatch)
+        """Rows for weights of this format built from the run's random float32 layer (see :meth:`rows_for`).
+
+        A layer shape the format cannot hold (block-scaled FP8 needs sizes that
+        are multiples of 128) gives one skipped row with the reason.
+        """
+        try:
+            weights = self.build(run.config, run.source, run.dispatch)
+        except ValueError as error:
+            return [CheckRow(self.format.name, self.oracle.name, "-", None, None, None, None, f"skipped: {error}")]
         unquantized = None if run.source is weights else run.source
         return self.rows_for(run, weights, unquantized, "float64 MoE, unquantized weights")
 
@@ -254,6 +262,10 @@ def _fp8_channel_float64(
     return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), fp8_per_token_round_trips())
 
 
+def _fp8_block_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Fp8BlockMoeWeights) -> torch.Tensor:
+    return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), fp8_per_group_round_trips())
+
+
 def _w4a16_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Nvfp4MoeWeights) -> torch.Tensor:
     return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize())
 
@@ -265,6 +277,9 @@ FORMAT_CHECKS: tuple[_Check, ...] = (
     FormatCheck(FP8, REFERENCE_FP8, quantize_fp8_layer, _fp8_float64, "float64 W8A8 MoE"),
     FormatCheck(
         FP8_CHANNEL, REFERENCE_FP8_CHANNEL, quantize_fp8_channel_layer, _fp8_channel_float64, "float64 W8A8 per-token MoE"
+    ),
+    FormatCheck(
+        FP8_BLOCK_SCALED, REFERENCE_FP8_BLOCK, quantize_fp8_block_layer, _fp8_block_float64, "float64 W8A8 1x128-group MoE"
     ),
 )
 """The formats ``moe-core check`` knows how to check; a new format adds one entry."""

@@ -13,7 +13,7 @@ import torch
 
 from moe_core.config import Activation, MoeRunnerConfig
 from moe_core.dispatch import DispatchOutput
-from moe_core.fp8 import Fp8TensorScale, fake_quantize_fp8, fake_quantize_fp8_per_token
+from moe_core.fp8 import Fp8TensorScale, fake_quantize_fp8, fake_quantize_fp8_per_group, fake_quantize_fp8_per_token
 from moe_core.global_scales import QuantizeGlobalScale
 from moe_core.moe_weights import Fp8MoeWeights, Nvfp4MoeWeights
 from moe_core.nvfp4 import Nvfp4Tensor
@@ -50,6 +50,15 @@ def fp8_per_token_round_trips() -> tuple[RoundTrip, RoundTrip]:
     return round_trip, round_trip
 
 
+def fp8_per_group_round_trips() -> tuple[RoundTrip, RoundTrip]:
+    """Both GEMM inputs' FP8 round trips with dynamic scales per 128-column group of each token."""
+
+    def round_trip(x: torch.Tensor) -> torch.Tensor:
+        return fake_quantize_fp8_per_group(x.float()[None])[0].double()
+
+    return round_trip, round_trip
+
+
 def float64_moe(
     config: MoeRunnerConfig,
     dispatch: DispatchOutput,
@@ -61,7 +70,7 @@ def float64_moe(
 
     With ``round_trips``, each GEMM input goes through its quantization round
     trip first (:func:`nvfp4_round_trips`, :func:`fp8_round_trips`,
-    :func:`fp8_per_token_round_trips`).
+    :func:`fp8_per_token_round_trips`, :func:`fp8_per_group_round_trips`).
     """
     hidden, topk = dispatch.hidden_states.cpu(), dispatch.topk
     ids, weights = topk.topk_ids.cpu(), topk.topk_weights.cpu()

@@ -1,10 +1,10 @@
 """The canonical weight formats moe-core ships: dense, NVFP4 (W4A4), NVFP4 weights with 16-bit activations, FP8 W8A8
-per tensor and per channel."""
+per tensor, per channel and per 128x128 block."""
 
 from __future__ import annotations
 
 from moe_core.conversion import WeightFormat
-from moe_core.moe_weights import DenseMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
+from moe_core.moe_weights import DenseMoeWeights, Fp8BlockMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
 
 DENSE: WeightFormat[DenseMoeWeights] = WeightFormat(
     "dense", DenseMoeWeights, "unquantized fp32/bf16/fp16 expert weights"
@@ -37,3 +37,9 @@ FP8_CHANNEL: WeightFormat[Fp8ChannelMoeWeights] = WeightFormat(
 )
 """FP8 per-channel weights with dynamic per-token activations (:class:`Fp8ChannelMoeWeights`, compressed-tensors
 ``FP8_DYNAMIC``)."""
+
+FP8_BLOCK_SCALED: WeightFormat[Fp8BlockMoeWeights] = WeightFormat(
+    "fp8-block", Fp8BlockMoeWeights, "FP8 E4M3 W8A8 experts, 128x128 block weight scales, dynamic 1x128 input scales"
+)
+"""FP8 with 128x128 block weight scales and per-token 128-column group activation scales (:class:`Fp8BlockMoeWeights`,
+DeepSeek-V3 / Qwen3 FP8)."""

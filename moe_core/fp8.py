@@ -32,6 +32,9 @@ from moe_core.global_scales import (
     _ScalarScale,
 )
 
+FP8_BLOCK = 128
+"""The side of a block-scaled checkpoint's weight blocks, and the length of an activation row's groups."""
+
 MIN_DYNAMIC_SCALE = 1.0 / (E4M3_MAX * 512.0)
 """The floor of a per-token scale, so an all-zero row quantizes to zeros instead of dividing by zero (vLLM's)."""
 
@@ -115,6 +118,40 @@ class Fp8ChannelScales:
         return cls(_value=scales.value[:, None].expand(scales.num_experts, rows).contiguous())
 
 
+@final
+@attrs.frozen(eq=False)
+class Fp8BlockScales:
+    """Dequantize-side FP8 scales, one per 128x128 block of each expert matrix, ``[E, rows / 128, cols / 128]`` float32.
+
+    What DeepSeek-V3 and Qwen3 FP8 checkpoints ship as ``weight_scale_inv``
+    (stacked over experts): not a per-tensor or per-channel scale, and not
+    interchangeable with either.
+    """
+
+    value: torch.Tensor = attrs.field(alias="_value", kw_only=True, converter=_owned_copy)
+    """float32 ``[num_experts, row_blocks, col_blocks]``, finite and > 0 (read it; never write to it)."""
+
+    def __attrs_post_init__(self) -> None:
+        name = f"{type(self).__name__}.value"
+        require_tensor(name, self.value)
+        require_dtype(name, self.value, (torch.float32,))
+        require_ndim(name, self.value, 3, "[num_experts, rows / 128, cols / 128]")
+        if self.value.numel() == 0:
+            raise ValueError(f"{name}: expected at least one block, got shape {tuple(self.value.shape)}")
+        require_positive(name, self.value)
+
+    @property
+    def num_experts(self) -> int:
+        """E."""
+        return int(self.value.shape[0])
+
+    @classmethod
+    def from_checkpoint(cls, tensor: torch.Tensor) -> Fp8BlockScales:
+        """Stacked ``weight_scale_inv`` tensors, ``[E, rows / 128, cols / 128]`` float32."""
+        require_tensor(f"{cls.__name__}.from_checkpoint", tensor)
+        return cls(_value=tensor)
+
+
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``x / scale`` saturated to +-448 and rounded to E4M3; ``scale`` broadcasts against ``x``."""
     return (x.to(torch.float32) / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
@@ -135,6 +172,25 @@ def fake_quantize_fp8_per_token(x: torch.Tensor) -> torch.Tensor:
     """``x [T, K]`` after an FP8 round trip with its dynamic per-token scales, as float32."""
     scales = dynamic_fp8_scales(x)
     return quantize_fp8(x, scales).to(torch.float32) * scales
+
+
+def _groups(x: torch.Tensor) -> torch.Tensor:
+    """``x [T, K]`` as ``[T, K / 128, 128]``; refuses a K that is not a multiple of 128."""
+    rows, cols = x.shape
+    if cols % FP8_BLOCK:
+        raise ValueError(f"x: expected a multiple of {FP8_BLOCK} columns for 1x{FP8_BLOCK} groups, got {cols}")
+    return x.reshape(rows, cols // FP8_BLOCK, FP8_BLOCK)
+
+
+def group_fp8_scales(x: torch.Tensor) -> torch.Tensor:
+    """Per-token, per-128-column-group scales of ``x [T, K]``: ``max(amax / 448, MIN_DYNAMIC_SCALE)``, ``[T, K / 128]``."""
+    return (_groups(x).to(torch.float32).abs().amax(dim=-1) / E4M3_MAX).clamp_min(MIN_DYNAMIC_SCALE)
+
+
+def fake_quantize_fp8_per_group(x: torch.Tensor) -> torch.Tensor:
+    """``x [T, K]`` after an FP8 round trip with dynamic scales per token and 128-column group, as float32."""
+    scales = group_fp8_scales(x)[:, :, None]
+    return (quantize_fp8(_groups(x), scales).to(torch.float32) * scales).reshape(x.shape)
 
 
 @final
@@ -270,3 +326,66 @@ class Fp8ChannelExpertWeights:
     def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """One expert's ``[rows, cols]``."""
         return (self.codes[expert].to(torch.float32) * self.scales.value[expert][:, None]).to(dtype)
+
+
+def _blocks(rows: int, cols: int) -> tuple[int, int]:
+    return -(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK)
+
+
+def _expand_blocks(scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """``[E, row_blocks, col_blocks]`` -> one value per element ``[E, rows, cols]``."""
+    return scales.repeat_interleave(FP8_BLOCK, dim=1)[:, :rows].repeat_interleave(FP8_BLOCK, dim=2)[:, :, :cols]
+
+
+@final
+@attrs.frozen(eq=False)
+class Fp8BlockExpertWeights:
+    """Stacked FP8 expert matrices ``[E, rows, cols]``, one dequantize-side scale per 128x128 block."""
+
+    codes: torch.Tensor
+    """float8_e4m3fn ``[E, rows, cols]``."""
+    scales: Fp8BlockScales
+
+    def __attrs_post_init__(self) -> None:
+        require_tensor("Fp8BlockExpertWeights.codes", self.codes)
+        require_dtype("Fp8BlockExpertWeights.codes", self.codes, (torch.float8_e4m3fn,))
+        require_ndim("Fp8BlockExpertWeights.codes", self.codes, 3, "[num_experts, rows, cols]")
+        if not isinstance(self.scales, Fp8BlockScales):
+            raise TypeError(f"Fp8BlockExpertWeights.scales: expected Fp8BlockScales, got {type(self.scales).__name__}")
+        experts, rows, cols = self.shape
+        expected = (experts, *_blocks(rows, cols))
+        if tuple(self.scales.value.shape) != expected:
+            raise ValueError(
+                f"Fp8BlockExpertWeights.scales: expected shape {expected} (one per {FP8_BLOCK}x{FP8_BLOCK} block), "
+                f"got {tuple(self.scales.value.shape)}"
+            )
+        require_same_device([("codes", self.codes), ("scales", self.scales.value)])
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(num_experts, rows, cols)``."""
+        experts, rows, cols = self.codes.shape
+        return int(experts), int(rows), int(cols)
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor) -> Fp8BlockExpertWeights:
+        """Quantize float weights ``[E, rows, cols]``, each 128x128 block with the scale of its own amax."""
+        require_ndim("w", w, 3, "[num_experts, rows, cols]")
+        experts, rows, cols = (int(d) for d in w.shape)
+        row_blocks, col_blocks = _blocks(rows, cols)
+        padded = torch.zeros(experts, row_blocks * FP8_BLOCK, col_blocks * FP8_BLOCK, dtype=torch.float32, device=w.device)
+        padded[:, :rows, :cols] = w.detach().abs()
+        amax = padded.reshape(experts, row_blocks, FP8_BLOCK, col_blocks, FP8_BLOCK).amax(dim=(2, 4))
+        scales = Fp8BlockScales(_value=torch.where(amax > 0, amax, torch.ones_like(amax)) / E4M3_MAX)
+        return cls(quantize_fp8(w, _expand_blocks(scales.value, rows, cols)), scales)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The values the codes stand for, ``[E, rows, cols]``."""
+        _, rows, cols = self.shape
+        return (self.codes.to(torch.float32) * _expand_blocks(self.scales.value, rows, cols)).to(dtype)
+
+    def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """One expert's ``[rows, cols]``."""
+        _, rows, cols = self.shape
+        scales = _expand_blocks(self.scales.value[expert : expert + 1], rows, cols)[0]
+        return (self.codes[expert].to(torch.float32) * scales).to(dtype)

@@ -26,7 +26,14 @@ from moe_core._checks import (
     require_same_device,
     require_tensor,
 )
-from moe_core.fp8 import Fp8ChannelExpertWeights, Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
+from moe_core.fp8 import (
+    FP8_BLOCK,
+    Fp8BlockExpertWeights,
+    Fp8ChannelExpertWeights,
+    Fp8ExpertWeights,
+    Fp8GateUpWeights,
+    Fp8TensorScale,
+)
 from moe_core.global_scales import QuantizeGlobalScale
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights
 
@@ -226,6 +233,59 @@ class Fp8ChannelMoeWeights:
             if not isinstance(weights, Fp8ChannelExpertWeights):
                 raise TypeError(f"Fp8ChannelMoeWeights.{name}: expected Fp8ChannelExpertWeights, got {type(weights).__name__}")
         _check_expert_shapes("Fp8ChannelMoeWeights", self.w13.shape, self.w2.shape)
+        require_same_device([("w13", self.w13.codes), ("w2", self.w2.codes)])
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held (this rank's local experts)."""
+        return self.w13.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return self.w13.shape[2]
+
+    @property
+    def intermediate_size(self) -> int:
+        """I, per partition."""
+        return self.w2.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.w2.codes.device
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> DenseMoeWeights:
+        """The dense weights the codes stand for."""
+        return DenseMoeWeights(w13=self.w13.dequantize(dtype), w2=self.w2.dequantize(dtype))
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class Fp8BlockMoeWeights:
+    """FP8 E4M3 expert weights with 128x128 block scales, for activations quantized per token and 128-column group.
+
+    The DeepSeek-V3 / Qwen3 FP8 layout: ``w13 [E, 2I, H]`` (gate rows first)
+    and ``w2 [E, H, I]``, one scale per 128x128 block; each GEMM input's
+    groups of 128 columns are quantized with their own amax at run time.
+    ``H`` and ``I`` must be multiples of 128, so no block straddles the gate
+    and up halves and every input group meets one column of blocks.
+    """
+
+    w13: Fp8BlockExpertWeights
+    w2: Fp8BlockExpertWeights
+
+    def __attrs_post_init__(self) -> None:
+        for name, weights in (("w13", self.w13), ("w2", self.w2)):
+            if not isinstance(weights, Fp8BlockExpertWeights):
+                raise TypeError(f"Fp8BlockMoeWeights.{name}: expected Fp8BlockExpertWeights, got {type(weights).__name__}")
+        _check_expert_shapes("Fp8BlockMoeWeights", self.w13.shape, self.w2.shape)
+        _, hidden, inter = self.w2.shape
+        if hidden % FP8_BLOCK or inter % FP8_BLOCK:
+            raise ValueError(
+                f"Fp8BlockMoeWeights: expected hidden and intermediate sizes that are multiples of {FP8_BLOCK}, "
+                f"got {hidden} and {inter}"
+            )
         require_same_device([("w13", self.w13.codes), ("w2", self.w2.codes)])
 
     @property

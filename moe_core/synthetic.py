@@ -8,9 +8,9 @@ import torch
 
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput
-from moe_core.fp8 import Fp8ChannelExpertWeights, Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
+from moe_core.fp8 import Fp8BlockExpertWeights, Fp8ChannelExpertWeights, Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
 from moe_core.global_scales import QuantizeGlobalScale
-from moe_core.moe_weights import DenseMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
+from moe_core.moe_weights import DenseMoeWeights, Fp8BlockMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights
 from moe_core.routing import select_experts
 
@@ -79,6 +79,13 @@ def quantize_fp8_channel_layer(
 ) -> Fp8ChannelMoeWeights:
     """``dense`` quantized to FP8 per channel (each row its own scale); the activations need no calibration."""
     return Fp8ChannelMoeWeights(w13=Fp8ChannelExpertWeights.quantize(dense.w13), w2=Fp8ChannelExpertWeights.quantize(dense.w2))
+
+
+def quantize_fp8_block_layer(
+    config: MoeRunnerConfig, dense: DenseMoeWeights, dispatch: StandardDispatchOutput
+) -> Fp8BlockMoeWeights:
+    """``dense`` quantized to FP8 per 128x128 block (w1 and w3 apart: I is a multiple of 128); nothing calibrated."""
+    return Fp8BlockMoeWeights(w13=Fp8BlockExpertWeights.quantize(dense.w13), w2=Fp8BlockExpertWeights.quantize(dense.w2))
 
 
 def random_nvfp4_layer(

@@ -79,6 +79,11 @@ def test_check_verifies_each_reference_against_float64(capsys: pytest.CaptureFix
     assert rows["dense triton-dense"][2] == "reference-dense" and rows["dense triton-dense"][-1] == "ok"
     assert rows["nvfp4-w4a16 triton-nvfp4-w4a16"][2] == "reference-nvfp4-w4a16"
     assert rows["nvfp4-w4a16 triton-nvfp4-w4a16"][-1] == "ok"
+    for fmt, reference in (("fp8", "reference-fp8"), ("fp8-channel", "reference-fp8-channel")):
+        assert rows[f"{fmt} {reference}"][-1] == "ok" and rows[f"{fmt} triton-fp8"][2] == reference
+        assert rows[f"{fmt} triton-fp8"][-1] == "ok"
+    # SMALL's sizes are off the 128 grid of block-scaled FP8: one skipped row says so instead of a crash
+    assert rows["fp8-block reference-fp8-block"][-1].startswith("skipped: Fp8BlockMoeWeights: expected hidden and")
 
 
 def test_check_in_fp32_pins_the_references_to_float32_rounding(capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,6 +24,7 @@ import torch
 from moe_core import (
     DENSE,
     FP8,
+    FP8_BLOCK_SCALED,
     FP8_CHANNEL,
     NVFP4_W4A16,
     Availability,
@@ -33,7 +34,12 @@ from moe_core import (
     Runner,
     register_backend,
 )
-from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonFp8Weights, TritonNvfp4W4A16Weights
+from moe_core.backends.triton.quant_info import (
+    TritonDenseWeights,
+    TritonFp8BlockWeights,
+    TritonFp8Weights,
+    TritonNvfp4W4A16Weights,
+)
 
 
 def _availability(device: torch.device, capability: tuple[int, int]) -> Availability:
@@ -89,6 +95,13 @@ def _fp8_runner(config: MoeRunnerConfig) -> Runner[TritonFp8Weights]:
     return TritonFp8Runner(config)
 
 
+def _fp8_block_runner(config: MoeRunnerConfig) -> Runner[TritonFp8BlockWeights]:
+    """The block-scaled FP8 runner, imported on first use so that registering needs no Triton."""
+    from moe_core.backends.triton.runner import TritonFp8BlockRunner
+
+    return TritonFp8BlockRunner(config)
+
+
 TRITON_DENSE: BackendKey[TritonDenseWeights] = register_backend(
     "triton-dense",
     description="Triton fused MoE, bf16/fp16 weights (float32 canonical weights rounded to bf16)",
@@ -118,3 +131,12 @@ TRITON_FP8: BackendKey[TritonFp8Weights] = register_backend(
     ],
 )
 """FP8 E4M3 W8A8 experts."""
+
+TRITON_FP8_BLOCK: BackendKey[TritonFp8BlockWeights] = register_backend(
+    "triton-fp8-block",
+    description="Triton fused MoE, FP8 W8A8 with 128x128 block weight scales and 1x128 activation groups",
+    factory=_fp8_block_runner,
+    availability=fp8_availability,
+    conversions=[Conversion(FP8_BLOCK_SCALED, TritonFp8BlockWeights.from_fp8_block)],
+)
+"""Block-scaled FP8 experts (DeepSeek-V3, Qwen3 FP8 checkpoints)."""

@@ -2,7 +2,7 @@
 
 Tuned tables live in ``configs/<device>.json`` (written by
 ``benchmarks/tune_triton_moe.py``), keyed by the layer's ``E,H,I,top_k,format``
-(``format`` ``bf16``, ``fp16``, ``fp8`` or ``nvfp4``), then by a token count, each entry
+(``format`` ``bf16``, ``fp16``, ``fp8``, ``fp8-block`` or ``nvfp4``), then by a token count, each entry
 holding both GEMMs' configs (``w13`` and ``w2``, one ``block_m``: the tokens
 are sorted once); a call takes the entry of the nearest tuned token count
 within one doubling (:data:`MAX_TUNED_DISTANCE`).
@@ -61,7 +61,7 @@ def _table(device_name: str) -> dict[str, dict[str, dict[str, dict[str, int]]]]:
     return data
 
 
-ONE_BYTE_FORMATS = ("nvfp4", "fp8")
+ONE_BYTE_FORMATS = ("nvfp4", "fp8", "fp8-block")
 """Formats whose weights take a byte or less per element: K tiles up to 256 and at least 32 (FP8 dot products need
 K >= 32; NVFP4 tiles hold whole 32-element pairs of blocks)."""
 
@@ -70,7 +70,7 @@ def _block_k(k: int, fmt: str, widest: int) -> int:
     """The widest K tile up to ``widest`` that divides ``k``."""
     one_byte = fmt in ONE_BYTE_FORMATS
     smallest = 32 if one_byte else 16
-    block_k = min(widest, 256 if one_byte else 128)
+    block_k = min(widest, 256 if fmt in ("nvfp4", "fp8") else 128)  # a block-scaled tile stays inside its 128 block
     while block_k > smallest and k % block_k:
         block_k //= 2
     return block_k
@@ -93,7 +93,7 @@ def heuristic(
         block_m, block_n, widest, warps, stages, group = 64, 64, 128, 4, 4, 8
     else:
         block_m, block_n, widest, warps, stages, group = 128, 128, 64, 8, 3, 8
-    if fmt == "fp8":
+    if fmt in ("fp8", "fp8-block"):
         widest = max(widest, 128)  # 128 one-byte K elements: the bytes of bf16's 64
     return (
         KernelConfig(block_m, block_n, _block_k(hidden, fmt, widest), group, warps, stages),

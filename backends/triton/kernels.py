@@ -22,7 +22,11 @@ constexpr flags:
   the up half at column ``I + n``). The FP8 MMAs add into the float32
   accumulator every K tile (``max_num_imprecise_acc``; Triton's SM90 default
   keeps the whole K in the tensor cores' narrower accumulator, seen on the
-  H200 as 1.2-1.6e-2 relative error at K=4096-7168). ``OUT_FP8``: the gated output is
+  H200 as 1.2-1.6e-2 relative error at K=4096-7168).
+- ``FP8_BLOCKS``: ``B`` has one scale per 128x128 block (``dequant
+  [E, N / 128, K / 128]``) and ``A`` one per row and 128-column group
+  (``a_scales [rows, K / 128]``); each K tile (a divisor of 128) is a fresh
+  dot product scaled by both and added in float32. ``OUT_FP8``: the gated output is
   quantized to E4M3 with one static scale (the second GEMM's input scale)
   before it is stored.
 
@@ -141,6 +145,26 @@ def quantize_rows_kernel(
 
 
 @triton.jit
+def quantize_groups_kernel(
+    x_ptr, q_ptr, scales_ptr, ids_ptr, stride_xm, stride_qm, stride_sm, min_scale, offset, num_local,
+    PAIRS: tl.constexpr, ROUND_FIRST: tl.constexpr, GROUP: tl.constexpr,
+):
+    """One ``GROUP``-column group of one row of ``x`` to E4M3 with its own scale ``max(amax / 448, min_scale)``,
+    written to ``scales [rows, K / GROUP]``; ``PAIRS`` as in :func:`quantize_rows_kernel`."""
+    row = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1)
+    if PAIRS:
+        expert = tl.load(ids_ptr + row) - offset
+        if (expert < 0) | (expert >= num_local):
+            return
+    cols = group * GROUP + tl.arange(0, GROUP)
+    x = tl.load(x_ptr + row * stride_xm + cols).to(tl.float32)
+    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), 448.0), min_scale)
+    tl.store(scales_ptr + row * stride_sm + group, scale)
+    tl.store(q_ptr + row * stride_qm + cols, _e4m3_values(x, scale, ROUND_FIRST).to(q_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _e2m1_over_2_14(codes):
     """4-bit E2M1 codes (bit 3 the sign) as float32 values divided by 2^14, from their bits.
 
@@ -190,8 +214,8 @@ def moe_gemm_kernel(
     a_ptr, b_ptr, b_scales_ptr, dequant_ptr, c_ptr, topk_weights_ptr, sorted_ptr, expert_ids_ptr, num_rows_ptr,
     a_scales_ptr, out_scale_ptr, N, K, num_pairs, top_k, max_blocks,
     stride_am, stride_be, stride_bn, stride_se, stride_sn, stride_de, stride_dn, stride_as, stride_cm,
-    GATED: tl.constexpr, NVFP4: tl.constexpr, FP8: tl.constexpr, OUT_FP8: tl.constexpr, ACTIVATION: tl.constexpr,
-    UPCAST: tl.constexpr,
+    GATED: tl.constexpr, NVFP4: tl.constexpr, FP8: tl.constexpr, FP8_BLOCKS: tl.constexpr, OUT_FP8: tl.constexpr,
+    ACTIVATION: tl.constexpr, UPCAST: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """``C[pair] = A[row] @ B[expert].T`` for every sorted pair, see the module docstring."""
@@ -255,7 +279,15 @@ def moe_gemm_kernel(
             up = b
             if GATED:
                 up = _dense_tile(b_expert + N * stride_bn + k_start, offs_n, offs_k, K - k_start, stride_bn, EVEN_K)
-            if FP8 and not UPCAST:
+            if FP8_BLOCKS:
+                group = k_start // 128
+                a_scales = tl.load(a_scales_ptr + a_rows * stride_as + group)[:, None]
+                b_scales = tl.load(dequant_ptr + expert * stride_de + (offs_n // 128) * stride_dn + group)
+                acc += tl.dot(a, b.to(dot_dtype)) * a_scales * b_scales[None, :]
+                if GATED:
+                    up_scales = tl.load(dequant_ptr + expert * stride_de + ((offs_n + N) // 128) * stride_dn + group)
+                    acc_up += tl.dot(a, up.to(dot_dtype)) * a_scales * up_scales[None, :]
+            elif FP8 and not UPCAST:
                 # promote to float32 every tile: Hopper's FP8 MMAs keep fewer accumulator bits
                 acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
                 if GATED:

@@ -9,7 +9,9 @@ FP8 W8A8 (:class:`TritonFp8Weights`) holds per-channel weight scales (per-tensor
 checkpoints' scales repeated on every row of their matrix, which is exact) and
 how the activations are quantized: :class:`StaticFp8Activations` (one
 calibrated scale per GEMM input) or :class:`DynamicFp8Activations` (each row
-its own amax at run time).
+its own amax at run time). Block-scaled FP8 (:class:`TritonFp8BlockWeights`) is
+its own type: its scales are :class:`~moe_core.Fp8BlockScales`, one per 128x128
+block, and its activations are always quantized per token and 128-column group.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import torch
 from moe_core import (
     DenseMoeWeights,
     ExpertDequantizeGlobalScales,
+    Fp8BlockMoeWeights,
+    Fp8BlockScales,
     Fp8ChannelMoeWeights,
     Fp8ChannelScales,
     Fp8MoeWeights,
@@ -30,6 +34,7 @@ from moe_core import (
     Nvfp4ExpertWeights,
     Nvfp4MoeWeights,
 )
+from moe_core.fp8 import FP8_BLOCK
 from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -261,6 +266,64 @@ class TritonFp8Weights:
             w2=weights.w2.codes.contiguous(),
             w2_scales=weights.w2.scales,
             activations=DynamicFp8Activations(),
+        )
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held."""
+        return int(self.w13.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return int(self.w13.shape[2])
+
+    @property
+    def intermediate_size(self) -> int:
+        """I."""
+        return int(self.w2.shape[2])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.w13.device
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class TritonFp8BlockWeights:
+    """Block-scaled FP8 experts as the kernels read them: ``w13 [E, 2I, H]`` (gate rows first) and ``w2 [E, H, I]``,
+    each with one dequantize-side scale per 128x128 block; H and I multiples of 128."""
+
+    w13: torch.Tensor
+    w13_scales: Fp8BlockScales
+    w2: torch.Tensor
+    w2_scales: Fp8BlockScales
+
+    def __attrs_post_init__(self) -> None:
+        for name, tensor, scales in (("w13", self.w13, self.w13_scales), ("w2", self.w2, self.w2_scales)):
+            require_tensor(f"TritonFp8BlockWeights.{name}", tensor)
+            require_dtype(f"TritonFp8BlockWeights.{name}", tensor, (torch.float8_e4m3fn,))
+            require_ndim(f"TritonFp8BlockWeights.{name}", tensor, 3, "[num_experts, out_features, in_features]")
+            if not tensor.is_contiguous():
+                raise ValueError(f"TritonFp8BlockWeights.{name}: expected a contiguous tensor")
+            experts, rows, cols = (int(d) for d in tensor.shape)
+            if rows % FP8_BLOCK or cols % FP8_BLOCK:
+                raise ValueError(f"TritonFp8BlockWeights.{name}: expected dimensions that are multiples of {FP8_BLOCK}, got {(rows, cols)}")
+            expected = (experts, rows // FP8_BLOCK, cols // FP8_BLOCK)
+            if not isinstance(scales, Fp8BlockScales) or tuple(scales.value.shape) != expected:
+                raise ValueError(f"TritonFp8BlockWeights.{name}_scales: expected Fp8BlockScales of shape {expected}")
+        _expert_dims(self.w13, self.w2, 1)
+        require_same_device(
+            [("w13", self.w13), ("w2", self.w2), ("w13_scales", self.w13_scales.value), ("w2_scales", self.w2_scales.value)]
+        )
+
+    @classmethod
+    def from_fp8_block(cls, weights: Fp8BlockMoeWeights) -> TritonFp8BlockWeights:
+        """The canonical block-scaled weights as they are."""
+        return cls(
+            w13=weights.w13.codes.contiguous(), w13_scales=weights.w13.scales,
+            w2=weights.w2.codes.contiguous(), w2_scales=weights.w2.scales,
         )
 
     @property

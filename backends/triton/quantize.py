@@ -1,4 +1,4 @@
-"""FP8 quantization of a GEMM input's rows, on the device, for the W8A8 runner."""
+"""FP8 quantization of a GEMM input's rows (or their 128-column groups), on the device, for the W8A8 runners."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import final
 import attrs
 import torch
 
-from moe_core.backends.triton.kernels import quantize_rows_kernel
+from moe_core.backends.triton.kernels import quantize_groups_kernel, quantize_rows_kernel
 from moe_core.backends.triton.sorting import next_power_of_2
-from moe_core.fp8 import MIN_DYNAMIC_SCALE
+from moe_core.fp8 import FP8_BLOCK, MIN_DYNAMIC_SCALE
 
 @final
 @attrs.frozen(eq=False)
@@ -20,6 +20,11 @@ class LocalPairs:
     topk_ids: torch.Tensor
     offset: int
     num_local: int
+
+
+def _interpreted() -> bool:
+    """Triton's CPU interpreter, whose float32 -> E4M3 cast needs the values rounded first."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 MAX_BLOCK = 4096
@@ -44,6 +49,26 @@ def quantize_fp8_rows(
     offset, num_local = (0, 0) if pairs is None else (pairs.offset, pairs.num_local)
     quantize_rows_kernel[(rows,)](
         x, codes, scales, scales, ids, cols, x.stride(0), codes.stride(0), MIN_DYNAMIC_SCALE, offset, num_local,
-        DYNAMIC=static_scale is None, PAIRS=pairs is not None, ROUND_FIRST=os.environ.get("TRITON_INTERPRET") == "1", BLOCK=min(MAX_BLOCK, next_power_of_2(cols)),
+        DYNAMIC=static_scale is None, PAIRS=pairs is not None, ROUND_FIRST=_interpreted(),
+        BLOCK=min(MAX_BLOCK, next_power_of_2(cols)),
+    )
+    return codes, scales
+
+
+def quantize_fp8_groups(x: torch.Tensor, pairs: LocalPairs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` (K a multiple of 128) as E4M3 codes and one scale per row and 128-column group, ``[M, K / 128]``.
+
+    ``pairs`` as in :func:`quantize_fp8_rows`.
+    """
+    rows, cols = x.shape
+    if cols % FP8_BLOCK:
+        raise ValueError(f"x: expected a multiple of {FP8_BLOCK} columns, got {cols}")
+    codes = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty((rows, cols // FP8_BLOCK), dtype=torch.float32, device=x.device)
+    ids = scales if pairs is None else pairs.topk_ids
+    offset, num_local = (0, 0) if pairs is None else (pairs.offset, pairs.num_local)
+    quantize_groups_kernel[(rows, cols // FP8_BLOCK)](
+        x, codes, scales, ids, x.stride(0), codes.stride(0), scales.stride(0), MIN_DYNAMIC_SCALE, offset, num_local,
+        PAIRS=pairs is not None, ROUND_FIRST=_interpreted(), GROUP=FP8_BLOCK,
     )
     return codes, scales

@@ -21,10 +21,11 @@ from moe_core.backends.triton.quant_info import (
     Fp8Activations,
     StaticFp8Activations,
     TritonDenseWeights,
+    TritonFp8BlockWeights,
     TritonFp8Weights,
     TritonNvfp4W4A16Weights,
 )
-from moe_core.backends.triton.quantize import LocalPairs, quantize_fp8_rows
+from moe_core.backends.triton.quantize import LocalPairs, quantize_fp8_groups, quantize_fp8_rows
 from moe_core.backends.triton.sorting import SortedTokens, cdiv, sort_tokens
 
 COMBINE_BLOCK = 1024
@@ -65,13 +66,14 @@ def launch(
     """Launch the grouped GEMM: gated (the first GEMM) or weighted by the top-k weights (the second).
 
     FP8 (``B`` E4M3): ``a_scales`` dequantizes ``a``'s rows (``[rows]``, or
-    ``[1]`` for one static scale); ``out_scale`` quantizes the gated output to
-    E4M3 (``out`` must then be E4M3).
+    ``[1]`` for one static scale; with block-scaled ``B``, ``[rows, K / 128]``);
+    ``out_scale`` quantizes the gated output to E4M3 (``out`` must then be E4M3).
     """
     config = gemm.config
     grid = (sorted_tokens.max_blocks * cdiv(gemm.n, config.block_n),)
     scales, dequant = gemm.b_scales, gemm.dequant
     fp8 = gemm.b.dtype == torch.float8_e4m3fn
+    blocks = fp8 and dequant is not None and dequant.dim() == 3
     if fp8 and a_scales is None:
         raise ValueError("launch: FP8 weights need the scales of their FP8 input rows")
     moe_gemm_kernel[grid](
@@ -84,20 +86,29 @@ def launch(
         0 if dequant is None else (dequant.stride(0) if dequant.dim() > 1 else 1),
         dequant.stride(1) if dequant is not None and dequant.dim() > 1 else 0,
         a_scales.stride(0) if a_scales is not None and a_scales.shape[0] > 1 else 0, out.stride(0),
-        GATED=gated, NVFP4=scales is not None, FP8=fp8, OUT_FP8=out_scale is not None, ACTIVATION=activation,
+        GATED=gated, NVFP4=scales is not None, FP8=fp8 and not blocks, FP8_BLOCKS=blocks, OUT_FP8=out_scale is not None,
+        ACTIVATION=activation,
         UPCAST=interpreted(),
         EVEN_K=gemm.k % config.block_k == 0, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
 
+@final
+@attrs.frozen
+class PerGroupFp8Activations:
+    """Each GEMM input quantized per row and 128-column group at run time (block-scaled FP8 weights)."""
+
+
 def fused_moe(
-    config: MoeRunnerConfig, dispatch: DispatchOutput, w13: Gemm, w2: Gemm, fp8: Fp8Activations | None = None
+    config: MoeRunnerConfig, dispatch: DispatchOutput, w13: Gemm, w2: Gemm,
+    fp8: Fp8Activations | PerGroupFp8Activations | None = None,
 ) -> torch.Tensor:
     """Sort, ``act(x @ w13.T)``, ``@ w2.T`` times the top-k weights, and the combine.
 
     With ``fp8`` (W8A8) each GEMM input is quantized first: statically (the
-    first GEMM writes the gated activation in E4M3) or per row.
+    first GEMM writes the gated activation in E4M3), per row, or per row and
+    128-column group.
     """
     hidden = dispatch.hidden_states
     ids, weights = dispatch.topk.topk_ids, dispatch.topk.topk_weights.contiguous()
@@ -107,7 +118,10 @@ def fused_moe(
     x = hidden.contiguous()
     static = fp8 if isinstance(fp8, StaticFp8Activations) else None
     x_scales = inter_scales = None
-    if fp8 is not None:
+    local = LocalPairs(ids.reshape(-1), config.local_expert_offset, config.num_local_experts)
+    if isinstance(fp8, PerGroupFp8Activations):
+        x, x_scales = quantize_fp8_groups(x)
+    elif fp8 is not None:
         x, x_scales = quantize_fp8_rows(x, None if static is None else static.w13_input_scale.value)
     inter_dtype = torch.float8_e4m3fn if static is not None else hidden.dtype
     inter = torch.empty((tokens * top_k, w13.n), dtype=inter_dtype, device=hidden.device)
@@ -115,8 +129,9 @@ def fused_moe(
     launch(x, w13, inter, weights, sorted_tokens, top_k, True, activation, x_scales, out_scale)
     if static is not None:
         inter_scales = static.w2_input_scale.value
+    elif isinstance(fp8, PerGroupFp8Activations):
+        inter, inter_scales = quantize_fp8_groups(inter, local)
     elif fp8 is not None:
-        local = LocalPairs(ids.reshape(-1), config.local_expert_offset, config.num_local_experts)
         inter, inter_scales = quantize_fp8_rows(inter, None, local)
     down = torch.empty((tokens * top_k, w2.n), dtype=hidden.dtype, device=hidden.device)
     launch(inter, w2, down, weights, sorted_tokens, top_k, False, activation, inter_scales)
@@ -154,6 +169,15 @@ def nvfp4_w4a16_gemms(quant_info: TritonNvfp4W4A16Weights, w13: KernelConfig, w2
 
 def fp8_gemms(quant_info: TritonFp8Weights, w13: KernelConfig, w2: KernelConfig) -> tuple[Gemm, Gemm]:
     """The two GEMM launches of FP8 weights under the given block sizes."""
+    inter, hidden = quant_info.intermediate_size, quant_info.hidden_size
+    return (
+        Gemm(quant_info.w13, None, quant_info.w13_scales.value, inter, hidden, w13),
+        Gemm(quant_info.w2, None, quant_info.w2_scales.value, hidden, inter, w2),
+    )
+
+
+def fp8_block_gemms(quant_info: TritonFp8BlockWeights, w13: KernelConfig, w2: KernelConfig) -> tuple[Gemm, Gemm]:
+    """The two GEMM launches of block-scaled FP8 weights under the given block sizes."""
     inter, hidden = quant_info.intermediate_size, quant_info.hidden_size
     return (
         Gemm(quant_info.w13, None, quant_info.w13_scales.value, inter, hidden, w13),
@@ -200,3 +224,17 @@ class TritonFp8Runner:
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
         gemms = fp8_gemms(quant_info, *_configs(self.config, dispatch, "fp8"))
         return fused_moe(self.config, dispatch, *gemms, fp8=quant_info.activations)
+
+
+@final
+@attrs.frozen
+class TritonFp8BlockRunner:
+    """Block-scaled FP8 experts (128x128 weight blocks, 1x128 activation groups) through the fused Triton kernels."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: TritonFp8BlockWeights, /) -> torch.Tensor:
+        """The ``[T, H]`` MoE output in the activations' dtype."""
+        check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
+        gemms = fp8_block_gemms(quant_info, *_configs(self.config, dispatch, "fp8-block"))
+        return fused_moe(self.config, dispatch, *gemms, fp8=PerGroupFp8Activations())
