@@ -279,6 +279,7 @@ def test_odd_routings(gen: torch.Generator, routing: str) -> None:
 
 @pytest.mark.parametrize(("tokens", "top_k", "experts", "local", "offset", "block_m"), [
     (1, 1, 4, 4, 0, 16), (37, 3, 16, 8, 4, 16), (200, 8, 64, 16, 48, 64), (5, 2, 8, 8, 0, 128),
+    (700, 8, 64, 16, 48, 64), (600, 8, 256, 256, 0, 16),  # over ONE_PROGRAM_PAIRS: the three-launch sort
 ])
 def test_sorting_groups_every_local_pair_once(
     gen: torch.Generator, tokens: int, top_k: int, experts: int, local: int, offset: int, block_m: int
