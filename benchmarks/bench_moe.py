@@ -12,7 +12,8 @@ timed. FP8 is W8A8 of the same weights: per tensor with static input scales
 calibrated on a separate random batch of 64 tokens (``triton-fp8``,
 ``flashinfer-cutlass-fp8``), or per channel with dynamic per-token scales
 (``triton-fp8-channel``), or per 128x128 block with per-token 1x128 groups
-(``triton-fp8-block``); its error is against the bf16 reference, so it
+(``triton-fp8-block``); ``triton-fp8`` also runs with
+``Fp8Accumulation.TENSOR_CORE`` (the FP8 MMAs never promoted to float32); its error is against the bf16 reference, so it
 includes FP8's own quantization error.
 
 It measures the device's copy bandwidth and bf16 and FP8 matmul rates first,
@@ -37,6 +38,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import torch
 import torch.nn.functional as F
 
@@ -68,6 +70,7 @@ from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, 
 from moe_core.backends.reference import REFERENCE_DENSE  # noqa: E402
 from moe_core.backends.triton import TRITON_DENSE, TRITON_FP8, TRITON_FP8_BLOCK, TRITON_NVFP4_W4A16  # noqa: E402
 from moe_core.backends.triton.quant_info import (  # noqa: E402
+    Fp8Accumulation,
     TritonDenseWeights,
     TritonFp8BlockWeights,
     TritonFp8Weights,
@@ -236,6 +239,8 @@ def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, ba
     if "triton-fp8" in backends:
         fp8_weights = TritonFp8Weights.from_fp8(fp8_layer(config, w13, w2))
         runners["triton fp8 static"] = (TRITON_FP8.bind(config, fp8_weights), 1.0, False, True)
+        fast = attrs.evolve(fp8_weights, accumulation=Fp8Accumulation.TENSOR_CORE)
+        runners["triton fp8 static, tensor-core acc"] = (TRITON_FP8.bind(config, fast), 1.0, False, True)
     if "triton-fp8-channel" in backends:
         channel = TritonFp8Weights.from_fp8_channel(fp8_channel_layer(w13, w2))
         runners["triton fp8 channel dynamic"] = (TRITON_FP8.bind(config, channel), 1.0, False, True)

@@ -95,6 +95,8 @@ def heuristic(
         block_m, block_n, widest, warps, stages, group = 128, 128, 64, 8, 3, 8
     if fmt in ("fp8", "fp8-block"):
         widest = max(widest, 128)  # 128 one-byte K elements: the bytes of bf16's 64
+    if fmt == "fp8-block" and block_m == 128:
+        block_n = 64  # each K tile's fresh products sit beside both accumulators: half the columns, no spills
     return (
         KernelConfig(block_m, block_n, _block_k(hidden, fmt, widest), group, warps, stages),
         KernelConfig(block_m, block_n, _block_k(inter, fmt, widest), group, warps, stages),

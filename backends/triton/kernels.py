@@ -19,10 +19,11 @@ constexpr flags:
 - ``FP8``: ``A`` and ``B`` are E4M3 and the dot products FP8; the
   accumulator is multiplied by ``A``'s row scale (per token, or one static
   scale with stride 0) and ``B``'s per-channel scale (``dequant [E, N]``,
-  the up half at column ``I + n``). The FP8 MMAs add into the float32
-  accumulator every K tile (``max_num_imprecise_acc``; Triton's SM90 default
-  keeps the whole K in the tensor cores' narrower accumulator, seen on the
-  H200 as 1.2-1.6e-2 relative error at K=4096-7168).
+  the up half at column ``I + n``). ``PROMOTE``: the FP8 MMAs add into the
+  float32 accumulator every K tile (``max_num_imprecise_acc``); otherwise
+  Triton's SM90 default keeps the whole K in the tensor cores' narrower
+  accumulator (seen on the H200: 1.2-1.6e-2 relative error at K=4096-7168
+  against 3.4-3.6e-3 promoted, and ~1.2x the prefill throughput).
 - ``FP8_BLOCKS``: ``B`` has one scale per 128x128 block (``dequant
   [E, N / 128, K / 128]``) and ``A`` one per row and 128-column group
   (``a_scales [rows, K / 128]``); each K tile (a divisor of 128) is a fresh
@@ -248,7 +249,7 @@ def moe_gemm_kernel(
     a_scales_ptr, out_scale_ptr, N, K, num_pairs, top_k, max_blocks,
     stride_am, stride_be, stride_bn, stride_se, stride_sn, stride_de, stride_dn, stride_as, stride_cm,
     GATED: tl.constexpr, NVFP4: tl.constexpr, FP8: tl.constexpr, FP8_BLOCKS: tl.constexpr, OUT_FP8: tl.constexpr,
-    ACTIVATION: tl.constexpr, UPCAST: tl.constexpr,
+    PROMOTE: tl.constexpr, ACTIVATION: tl.constexpr, UPCAST: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """``C[pair] = A[row] @ B[expert].T`` for every sorted pair, see the module docstring."""
@@ -320,7 +321,7 @@ def moe_gemm_kernel(
                 if GATED:
                     up_scales = tl.load(dequant_ptr + expert * stride_de + ((offs_n + N) // 128) * stride_dn + group)
                     acc_up += tl.dot(a, up.to(dot_dtype)) * a_scales * up_scales[None, :]
-            elif FP8 and not UPCAST:
+            elif FP8 and PROMOTE and not UPCAST:
                 # promote to float32 every tile: Hopper's FP8 MMAs keep fewer accumulator bits
                 acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
                 if GATED:

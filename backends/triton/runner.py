@@ -18,6 +18,7 @@ from moe_core import Activation, DispatchFormat, DispatchOutput, MoeRunnerConfig
 from moe_core.backends.triton.configs import KernelConfig, choose
 from moe_core.backends.triton.kernels import GELU, SILU, combine_kernel, moe_gemm_kernel
 from moe_core.backends.triton.quant_info import (
+    Fp8Accumulation,
     Fp8Activations,
     StaticFp8Activations,
     TritonDenseWeights,
@@ -56,6 +57,8 @@ class Gemm:
     n: int
     k: int
     config: KernelConfig
+    promote: bool = True
+    """FP8: add the MMAs into the float32 accumulator every K tile (see :class:`~.quant_info.Fp8Accumulation`)."""
 
 
 def launch(
@@ -87,6 +90,7 @@ def launch(
         dequant.stride(1) if dequant is not None and dequant.dim() > 1 else 0,
         a_scales.stride(0) if a_scales is not None and a_scales.shape[0] > 1 else 0, out.stride(0),
         GATED=gated, NVFP4=scales is not None, FP8=fp8 and not blocks, FP8_BLOCKS=blocks, OUT_FP8=out_scale is not None,
+        PROMOTE=gemm.promote,
         ACTIVATION=activation,
         UPCAST=interpreted(),
         EVEN_K=gemm.k % config.block_k == 0, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
@@ -170,9 +174,10 @@ def nvfp4_w4a16_gemms(quant_info: TritonNvfp4W4A16Weights, w13: KernelConfig, w2
 def fp8_gemms(quant_info: TritonFp8Weights, w13: KernelConfig, w2: KernelConfig) -> tuple[Gemm, Gemm]:
     """The two GEMM launches of FP8 weights under the given block sizes."""
     inter, hidden = quant_info.intermediate_size, quant_info.hidden_size
+    promote = quant_info.accumulation is Fp8Accumulation.FLOAT32_EVERY_TILE
     return (
-        Gemm(quant_info.w13, None, quant_info.w13_scales.value, inter, hidden, w13),
-        Gemm(quant_info.w2, None, quant_info.w2_scales.value, hidden, inter, w2),
+        Gemm(quant_info.w13, None, quant_info.w13_scales.value, inter, hidden, w13, promote),
+        Gemm(quant_info.w2, None, quant_info.w2_scales.value, hidden, inter, w2, promote),
     )
 
 
