@@ -15,8 +15,9 @@ error is a few roundings of that dtype: fp16 6e-3 (6 of its epsilons), bf16
 
 FP8 W8A8 against the FP8 references on the same codes: with float32
 activations the kernels' E4M3 codes are the reference's (IEEE division, the
-same saturation and rounding), so only the summation order differs (1e-5;
-on a GPU 5e-3: on the H200, with the MMAs promoted to float32 every K tile,
+same saturation and rounding), so only the summation order differs, and
+that can move an intermediate value across an E4M3 rounding boundary: a rare
+code flips (one flip seen on the CPU: 3e-4; bound 2e-3; on a GPU 5e-3: on the H200, with the MMAs promoted to float32 every K tile,
 3.4-3.6e-3 was seen at K=4096-7168, Hopper's FP8 MMAs keeping fewer bits). Static scales quantize the
 gated activation from float32 as the reference does (the 16-bit tolerances
 above). Dynamic per-token scales quantize it after it is stored in the
@@ -24,7 +25,8 @@ activations' dtype (as vLLM and SGLang do), so a few percent of its codes
 round to the neighbouring E4M3 value (1/16 apart): fp16 3e-2, bf16 5e-2
 (worst seen on the CPU, fp16, T=1: 1.8e-2). Block-scaled FP8 sums its
 per-group products in another order than the reference, so with float32
-activations a rare intermediate code still flips (3e-3).
+activations intermediate codes flip a little more often (3.4e-4 seen on the
+CPU, 3.3-3.5e-3 on the H200; bound 5e-3).
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ TOLERANCE = {torch.float16: 6e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5 if
 DTYPES = [torch.bfloat16, torch.float16] if CUDA else [torch.float16, torch.float32]
 
 FP8_DTYPES = [torch.bfloat16, torch.float32] if CUDA else [torch.float16, torch.float32]
-FP8_EXACT = 5e-3 if CUDA else 1e-5
+FP8_EXACT = 5e-3 if CUDA else 2e-3
 FP8_STATIC_TOLERANCE = {**TOLERANCE, torch.float32: FP8_EXACT}
 FP8_DYNAMIC_TOLERANCE = {torch.float16: 3e-2, torch.bfloat16: 5e-2, torch.float32: FP8_EXACT}
 
@@ -97,7 +99,7 @@ REAL = [
 SHAPES = REAL if CUDA else SMALL
 BLOCK_SHAPES = REAL if CUDA else [(1, 4, 1, 128, 128, 4, 0), (9, 8, 2, 256, 128, 4, 4)]
 """Block-scaled FP8 needs H and I multiples of 128."""
-FP8_BLOCK_TOLERANCE = {torch.float16: 3e-2, torch.bfloat16: 5e-2, torch.float32: 5e-3 if CUDA else 3e-3}
+FP8_BLOCK_TOLERANCE = {torch.float16: 3e-2, torch.bfloat16: 5e-2, torch.float32: 5e-3}
 
 
 def make_layer(
