@@ -15,10 +15,11 @@ error is a few roundings of that dtype: fp16 6e-3 (6 of its epsilons), bf16
 
 FP8 W8A8 against the FP8 references on the same codes: with float32
 activations the kernels' E4M3 codes are the reference's (IEEE division, the
-same saturation and rounding), so only the summation order differs, and
-that can move an intermediate value across an E4M3 rounding boundary: a rare
-code flips (one flip seen on the CPU: 3e-4; bound 2e-3; on a GPU 5e-3: on the H200, with the MMAs promoted to float32 every K tile,
-3.4-3.6e-3 was seen at K=4096-7168, Hopper's FP8 MMAs keeping fewer bits). Static scales quantize the
+same saturation and rounding), so only the summation order differs, and that
+can move an intermediate value across an E4M3 rounding boundary: a rare code
+flips (one seen on the CPU: 3e-4; bound 2e-3). On a GPU 5e-3: on the H200,
+with the MMAs promoted to float32 every K tile, 3.4-3.6e-3 was seen at
+K=4096-7168 (Hopper's FP8 MMAs keep fewer bits). Static scales quantize the
 gated activation from float32 as the reference does (the 16-bit tolerances
 above). Dynamic per-token scales quantize it after it is stored in the
 activations' dtype (as vLLM and SGLang do), so a few percent of its codes

@@ -23,7 +23,7 @@ constexpr flags:
   float32 accumulator every K tile (``max_num_imprecise_acc``); otherwise
   Triton's SM90 default keeps the whole K in the tensor cores' narrower
   accumulator (seen on the H200: 1.2-1.6e-2 relative error at K=4096-7168
-  against 3.4-3.6e-3 promoted, and ~1.2x the prefill throughput).
+  against 3.4-3.6e-3 promoted, and 1.2x the prefill throughput).
 - ``FP8_BLOCKS``: ``B`` has one scale per 128x128 block (``dequant
   [E, N / 128, K / 128]``) and ``A`` one per row and 128-column group
   (``a_scales [rows, K / 128]``); each K tile (a divisor of 128) is a fresh
