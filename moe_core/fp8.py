@@ -13,7 +13,7 @@ under a named :class:`~moe_core.global_scales.ExpertScalePolicy`.
 
 from __future__ import annotations
 
-from typing import final
+from typing import ClassVar, final
 
 import attrs
 import torch
@@ -67,27 +67,35 @@ class ExpertFp8Scales(_ExpertScales):
         return cls(_value=_expert_amax(amax) / E4M3_MAX)
 
 
-@final
 @attrs.frozen(eq=False)
-class Fp8ChannelScales:
-    """Dequantize-side FP8 scales, one per output channel (row) of each expert matrix, ``[E, rows]`` float32."""
+class _ScaleGrid:
+    """Dequantize-side FP8 scales laid out as :attr:`LAYOUT` (one dimension per name), float32, finite and > 0."""
 
+    LAYOUT: ClassVar[str]
     value: torch.Tensor = attrs.field(alias="_value", kw_only=True, converter=_owned_copy)
-    """float32 ``[num_experts, rows]``, finite and > 0 (read it; never write to it)."""
+    """float32 in :attr:`LAYOUT`, finite and > 0 (read it; never write to it)."""
 
     def __attrs_post_init__(self) -> None:
         name = f"{type(self).__name__}.value"
         require_tensor(name, self.value)
         require_dtype(name, self.value, (torch.float32,))
-        require_ndim(name, self.value, 2, "[num_experts, rows]")
+        require_ndim(name, self.value, self.LAYOUT.count(",") + 1, self.LAYOUT)
         if self.value.numel() == 0:
-            raise ValueError(f"{name}: expected at least one expert and row, got shape {tuple(self.value.shape)}")
+            raise ValueError(f"{name}: expected at least one scale, got shape {tuple(self.value.shape)}")
         require_positive(name, self.value)
 
     @property
     def num_experts(self) -> int:
         """E."""
         return int(self.value.shape[0])
+
+
+@final
+@attrs.frozen(eq=False)
+class Fp8ChannelScales(_ScaleGrid):
+    """Dequantize-side FP8 scales, one per output channel (row) of each expert matrix, ``[E, rows]`` float32."""
+
+    LAYOUT: ClassVar[str] = "[num_experts, rows]"
 
     @property
     def rows(self) -> int:
@@ -120,7 +128,7 @@ class Fp8ChannelScales:
 
 @final
 @attrs.frozen(eq=False)
-class Fp8BlockScales:
+class Fp8BlockScales(_ScaleGrid):
     """Dequantize-side FP8 scales, one per 128x128 block of each expert matrix, ``[E, rows / 128, cols / 128]`` float32.
 
     What DeepSeek-V3 and Qwen3 FP8 checkpoints ship as ``weight_scale_inv``
@@ -128,22 +136,7 @@ class Fp8BlockScales:
     interchangeable with either.
     """
 
-    value: torch.Tensor = attrs.field(alias="_value", kw_only=True, converter=_owned_copy)
-    """float32 ``[num_experts, row_blocks, col_blocks]``, finite and > 0 (read it; never write to it)."""
-
-    def __attrs_post_init__(self) -> None:
-        name = f"{type(self).__name__}.value"
-        require_tensor(name, self.value)
-        require_dtype(name, self.value, (torch.float32,))
-        require_ndim(name, self.value, 3, "[num_experts, rows / 128, cols / 128]")
-        if self.value.numel() == 0:
-            raise ValueError(f"{name}: expected at least one block, got shape {tuple(self.value.shape)}")
-        require_positive(name, self.value)
-
-    @property
-    def num_experts(self) -> int:
-        """E."""
-        return int(self.value.shape[0])
+    LAYOUT: ClassVar[str] = "[num_experts, rows / 128, cols / 128]"
 
     @classmethod
     def from_checkpoint(cls, tensor: torch.Tensor) -> Fp8BlockScales:

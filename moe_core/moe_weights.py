@@ -13,7 +13,7 @@ swapped pair would run and silently give another layer.
 
 from __future__ import annotations
 
-from typing import final
+from typing import Protocol, final
 
 import attrs
 import torch
@@ -97,9 +97,38 @@ class DenseMoeWeights:
         return self.w13.device
 
 
+class _Stacked(Protocol):
+    """Stacked expert matrices that report their logical ``(num_experts, rows, cols)``."""
+
+    @property
+    def shape(self) -> tuple[int, int, int]: ...
+
+
+class _QuantizedExperts:
+    """The sizes a quantized layer's QuantInfo reports, read from its ``w13`` and ``w2`` stacks."""
+
+    w13: _Stacked
+    w2: _Stacked
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held (this rank's local experts)."""
+        return self.w13.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return self.w13.shape[2]
+
+    @property
+    def intermediate_size(self) -> int:
+        """I, per partition."""
+        return self.w2.shape[2]
+
+
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class Nvfp4MoeWeights:
+class Nvfp4MoeWeights(_QuantizedExperts):
     """NVFP4 W4A4 expert weights with the static input scales of both GEMMs.
 
     ``w13`` keeps the gate and up halves' global scales apart;
@@ -132,21 +161,6 @@ class Nvfp4MoeWeights:
         )
 
     @property
-    def num_experts(self) -> int:
-        """Experts held (this rank's local experts)."""
-        return self.w13.shape[0]
-
-    @property
-    def hidden_size(self) -> int:
-        """H."""
-        return self.w13.shape[2]
-
-    @property
-    def intermediate_size(self) -> int:
-        """I, per partition."""
-        return self.w2.shape[2]
-
-    @property
     def device(self) -> torch.device:
         """Where the weights live."""
         return self.w2.packed.device
@@ -167,7 +181,7 @@ class Nvfp4MoeWeights:
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class Fp8MoeWeights:
+class Fp8MoeWeights(_QuantizedExperts):
     """FP8 E4M3 W8A8 expert weights: per-expert per-tensor weight scales and the static input scales of both GEMMs.
 
     ``w13`` keeps the gate and up halves' scales apart (checkpoints store one
@@ -194,21 +208,6 @@ class Fp8MoeWeights:
         )
 
     @property
-    def num_experts(self) -> int:
-        """Experts held (this rank's local experts)."""
-        return self.w13.shape[0]
-
-    @property
-    def hidden_size(self) -> int:
-        """H."""
-        return self.w13.shape[2]
-
-    @property
-    def intermediate_size(self) -> int:
-        """I, per partition."""
-        return self.w2.shape[2]
-
-    @property
     def device(self) -> torch.device:
         """Where the weights live."""
         return self.w2.codes.device
@@ -216,7 +215,7 @@ class Fp8MoeWeights:
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class Fp8ChannelMoeWeights:
+class Fp8ChannelMoeWeights(_QuantizedExperts):
     """FP8 E4M3 expert weights with per-channel scales, for activations quantized per token at run time.
 
     The compressed-tensors ``FP8_DYNAMIC`` scheme: ``w13 [E, 2I, H]`` (gate
@@ -236,21 +235,6 @@ class Fp8ChannelMoeWeights:
         require_same_device([("w13", self.w13.codes), ("w2", self.w2.codes)])
 
     @property
-    def num_experts(self) -> int:
-        """Experts held (this rank's local experts)."""
-        return self.w13.shape[0]
-
-    @property
-    def hidden_size(self) -> int:
-        """H."""
-        return self.w13.shape[2]
-
-    @property
-    def intermediate_size(self) -> int:
-        """I, per partition."""
-        return self.w2.shape[2]
-
-    @property
     def device(self) -> torch.device:
         """Where the weights live."""
         return self.w2.codes.device
@@ -262,7 +246,7 @@ class Fp8ChannelMoeWeights:
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class Fp8BlockMoeWeights:
+class Fp8BlockMoeWeights(_QuantizedExperts):
     """FP8 E4M3 expert weights with 128x128 block scales, for activations quantized per token and 128-column group.
 
     The DeepSeek-V3 / Qwen3 FP8 layout: ``w13 [E, 2I, H]`` (gate rows first)
@@ -287,21 +271,6 @@ class Fp8BlockMoeWeights:
                 f"got {hidden} and {inter}"
             )
         require_same_device([("w13", self.w13.codes), ("w2", self.w2.codes)])
-
-    @property
-    def num_experts(self) -> int:
-        """Experts held (this rank's local experts)."""
-        return self.w13.shape[0]
-
-    @property
-    def hidden_size(self) -> int:
-        """H."""
-        return self.w13.shape[2]
-
-    @property
-    def intermediate_size(self) -> int:
-        """I, per partition."""
-        return self.w2.shape[2]
 
     @property
     def device(self) -> torch.device:

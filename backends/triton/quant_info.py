@@ -50,9 +50,36 @@ def _expert_dims(w13: torch.Tensor, w2: torch.Tensor, cols_per_element: int) -> 
     return experts, hidden, inter
 
 
+class _UnpackedStacks:
+    """The QuantInfo sizes of kernel weights held as unpacked ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` tensors."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held."""
+        return int(self.w13.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return int(self.w13.shape[2])
+
+    @property
+    def intermediate_size(self) -> int:
+        """I."""
+        return int(self.w2.shape[2])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.w13.device
+
+
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class TritonDenseWeights:
+class TritonDenseWeights(_UnpackedStacks):
     """bf16 or fp16 expert weights, contiguous ``w13 [E, 2I, H]`` (gate rows first) and ``w2 [E, H, I]``."""
 
     w13: torch.Tensor
@@ -75,26 +102,6 @@ class TritonDenseWeights:
         """The canonical dense weights in the kernels' layout; float32 weights are rounded to bf16."""
         dtype = weights.w13.dtype if weights.w13.dtype in KERNEL_DTYPES else torch.bfloat16
         return cls(w13=weights.w13.to(dtype).contiguous(), w2=weights.w2.to(dtype).contiguous())
-
-    @property
-    def num_experts(self) -> int:
-        """Experts held."""
-        return int(self.w13.shape[0])
-
-    @property
-    def hidden_size(self) -> int:
-        """H."""
-        return int(self.w13.shape[2])
-
-    @property
-    def intermediate_size(self) -> int:
-        """I."""
-        return int(self.w2.shape[2])
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights live."""
-        return self.w13.device
 
 
 def _packed(half: Nvfp4ExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,7 +227,7 @@ class Fp8Accumulation(enum.Enum):
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class TritonFp8Weights:
+class TritonFp8Weights(_UnpackedStacks):
     """FP8 E4M3 W8A8 experts as the kernels read them: codes, per-channel dequantize-side scales, the activations' scheme.
 
     ``w13 [E, 2I, H]`` (gate rows first) with ``w13_scales [E, 2I]``, so the
@@ -286,30 +293,10 @@ class TritonFp8Weights:
             activations=DynamicFp8Activations(),
         )
 
-    @property
-    def num_experts(self) -> int:
-        """Experts held."""
-        return int(self.w13.shape[0])
-
-    @property
-    def hidden_size(self) -> int:
-        """H."""
-        return int(self.w13.shape[2])
-
-    @property
-    def intermediate_size(self) -> int:
-        """I."""
-        return int(self.w2.shape[2])
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights live."""
-        return self.w13.device
-
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class TritonFp8BlockWeights:
+class TritonFp8BlockWeights(_UnpackedStacks):
     """Block-scaled FP8 experts as the kernels read them: ``w13 [E, 2I, H]`` (gate rows first) and ``w2 [E, H, I]``,
     each with one dequantize-side scale per 128x128 block; H and I multiples of 128."""
 
@@ -343,23 +330,3 @@ class TritonFp8BlockWeights:
             w13=weights.w13.codes.contiguous(), w13_scales=weights.w13.scales,
             w2=weights.w2.codes.contiguous(), w2_scales=weights.w2.scales,
         )
-
-    @property
-    def num_experts(self) -> int:
-        """Experts held."""
-        return int(self.w13.shape[0])
-
-    @property
-    def hidden_size(self) -> int:
-        """H."""
-        return int(self.w13.shape[2])
-
-    @property
-    def intermediate_size(self) -> int:
-        """I."""
-        return int(self.w2.shape[2])
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights live."""
-        return self.w13.device
