@@ -103,10 +103,14 @@ def heuristic(
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def choose(
     device_name: str, tokens: int, top_k: int, experts: int, hidden: int, inter: int, fmt: str, interpreted: bool
 ) -> tuple[KernelConfig, KernelConfig]:
-    """The tuned ``(w13, w2)`` configs of this layer nearest to ``tokens``, else :func:`heuristic`."""
+    """The tuned ``(w13, w2)`` configs of this layer nearest to ``tokens``, else :func:`heuristic`.
+
+    Memoized: a forward asks with the same few arguments every step, and the answer is a pure function of them.
+    """
     entries = None if interpreted else _table(device_name).get(layer_key(experts, hidden, inter, top_k, fmt))
     if entries:
         count = min(entries, key=lambda tuned: abs(math.log2(int(tuned) / tokens)))
