@@ -270,11 +270,10 @@ class TritonFp8Weights(_UnpackedStacks):
         """Per-tensor FP8 weights with their static input scales; each half's scale repeated on its rows."""
         gate, up = weights.w13.gate, weights.w13.up
         rows = gate.shape[1]
+        halves = [Fp8ChannelScales.from_expert(half.scales, rows).value for half in (gate, up)]
         return cls(
             w13=torch.cat((gate.codes, up.codes), dim=1).contiguous(),
-            w13_scales=Fp8ChannelScales(
-                _value=torch.cat((Fp8ChannelScales.from_expert(gate.scales, rows).value, Fp8ChannelScales.from_expert(up.scales, rows).value), dim=1)
-            ),
+            w13_scales=Fp8ChannelScales(_value=torch.cat(halves, dim=1)),
             w2=weights.w2.codes.contiguous(),
             w2_scales=Fp8ChannelScales.from_expert(weights.w2.scales, weights.w2.shape[1]),
             activations=StaticFp8Activations(
