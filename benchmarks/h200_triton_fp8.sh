@@ -6,7 +6,8 @@
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-results}; mkdir -p "$OUT"
-for step in "${@:-tests deepseek}"; do
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(tests deepseek)
+for step in "${steps[@]}"; do
   case $step in
     tests) python3 -m pytest -q -p no:cacheprovider tests/test_triton.py > "$OUT/pytest_triton.txt" 2>&1; tail -3 "$OUT/pytest_triton.txt" ;;
     deepseek) python3 benchmarks/bench_moe.py --backends triton-dense,triton-fp8,triton-fp8-channel,triton-fp8-block \
