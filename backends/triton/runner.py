@@ -104,9 +104,36 @@ class PerGroupFp8Activations:
     """Each GEMM input quantized per row and 128-column group at run time (block-scaled FP8 weights)."""
 
 
+Fp8Inputs = Fp8Activations | PerGroupFp8Activations | None
+"""How a forward quantizes its GEMM inputs: not at all (16-bit weights), or one of the FP8 schemes."""
+
+
+def quantize_hidden(x: torch.Tensor, fp8: Fp8Inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The first GEMM's input and the scales of its rows (none for 16-bit weights)."""
+    if fp8 is None:
+        return x, None
+    if isinstance(fp8, PerGroupFp8Activations):
+        return quantize_fp8_groups(x)
+    return quantize_fp8_rows(x, fp8.w13_input_scale.value if isinstance(fp8, StaticFp8Activations) else None)
+
+
+def quantize_gated(
+    inter: torch.Tensor, fp8: Fp8Inputs, config: MoeRunnerConfig, topk_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The second GEMM's input and its scales: with static scales the first GEMM already wrote E4M3; dynamic ones
+    quantize only this rank's (token, slot) rows."""
+    if fp8 is None:
+        return inter, None
+    if isinstance(fp8, StaticFp8Activations):
+        return inter, fp8.w2_input_scale.value
+    local = LocalPairs(topk_ids.reshape(-1), config.local_expert_offset, config.num_local_experts)
+    if isinstance(fp8, PerGroupFp8Activations):
+        return quantize_fp8_groups(inter, local)
+    return quantize_fp8_rows(inter, None, local)
+
+
 def fused_moe(
-    config: MoeRunnerConfig, dispatch: DispatchOutput, w13: Gemm, w2: Gemm,
-    fp8: Fp8Activations | PerGroupFp8Activations | None = None,
+    config: MoeRunnerConfig, dispatch: DispatchOutput, w13: Gemm, w2: Gemm, fp8: Fp8Inputs = None
 ) -> torch.Tensor:
     """Sort, ``act(x @ w13.T)``, ``@ w2.T`` times the top-k weights, and the combine.
 
@@ -119,24 +146,13 @@ def fused_moe(
     tokens, top_k = ids.shape
     sorted_tokens = sort_tokens(ids, config.num_local_experts, config.local_expert_offset, w13.config.block_m)
     activation = SILU if config.activation is Activation.SILU_GATED else GELU
-    x = hidden.contiguous()
     static = fp8 if isinstance(fp8, StaticFp8Activations) else None
-    x_scales = inter_scales = None
-    local = LocalPairs(ids.reshape(-1), config.local_expert_offset, config.num_local_experts)
-    if isinstance(fp8, PerGroupFp8Activations):
-        x, x_scales = quantize_fp8_groups(x)
-    elif fp8 is not None:
-        x, x_scales = quantize_fp8_rows(x, None if static is None else static.w13_input_scale.value)
+    x, x_scales = quantize_hidden(hidden.contiguous(), fp8)
     inter_dtype = torch.float8_e4m3fn if static is not None else hidden.dtype
     inter = torch.empty((tokens * top_k, w13.n), dtype=inter_dtype, device=hidden.device)
     out_scale = None if static is None else static.w2_input_scale.value
     launch(x, w13, inter, weights, sorted_tokens, top_k, True, activation, x_scales, out_scale)
-    if static is not None:
-        inter_scales = static.w2_input_scale.value
-    elif isinstance(fp8, PerGroupFp8Activations):
-        inter, inter_scales = quantize_fp8_groups(inter, local)
-    elif fp8 is not None:
-        inter, inter_scales = quantize_fp8_rows(inter, None, local)
+    inter, inter_scales = quantize_gated(inter, fp8, config, ids)
     down = torch.empty((tokens * top_k, w2.n), dtype=hidden.dtype, device=hidden.device)
     launch(inter, w2, down, weights, sorted_tokens, top_k, False, activation, inter_scales)
     out = torch.empty_like(hidden, memory_format=torch.contiguous_format)
