@@ -102,9 +102,10 @@ def median_ms(fn: Forward, graph: bool) -> float:
         fn()
     for _ in range(5):
         g.replay()
-    times = []
+    times: list[float] = []
     for _ in range(30):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch leaves Event.__init__ unannotated
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # as above
         start.record()
         for _ in range(10):
             g.replay()

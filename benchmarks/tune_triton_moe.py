@@ -3,13 +3,14 @@
 Run from the repository root on a CUDA GPU::
 
     python benchmarks/tune_triton_moe.py [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096]
-        [--formats bf16,fp8,nvfp4] [--out PATH]
+        [--formats bf16,fp8,fp8-block,nvfp4] [--out PATH]
 
 For each layer shape, format and token count it sorts one random routing,
 times every candidate config of each GEMM alone (``triton.testing.do_bench``,
 median), keeps per row block the fastest of each GEMM and writes the row
 block with the smallest sum. FP8 is timed per tensor with static input
-scales (the first GEMM writes E4M3). A candidate that fails to compile or run is
+scales (the first GEMM writes E4M3); block-scaled FP8 with unit 1x128 group
+scales (the first GEMM writes bf16). A candidate that fails to compile or run is
 skipped. Entries for other shapes already in the file are kept.
 """
 
@@ -21,16 +22,32 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import final
 
+import attrs
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_moe import SHAPES, fp8_layer, quantized, random_weights  # noqa: E402
+from benchmarks.bench_moe import SHAPES, fp8_block_layer, fp8_layer, quantized, random_weights  # noqa: E402
 from moe_core import MoeRunnerConfig, select_experts  # noqa: E402
 from moe_core.backends.triton.configs import KernelConfig, device_file, layer_key  # noqa: E402
-from moe_core.backends.triton.quant_info import TritonDenseWeights, TritonFp8Weights, TritonNvfp4W4A16Weights  # noqa: E402
-from moe_core.backends.triton.runner import Gemm, dense_gemms, fp8_gemms, launch, nvfp4_w4a16_gemms  # noqa: E402
+from moe_core.backends.triton.quant_info import (  # noqa: E402
+    TritonDenseWeights,
+    TritonFp8BlockWeights,
+    TritonFp8Weights,
+    TritonNvfp4W4A16Weights,
+)
+from moe_core.backends.triton.runner import (  # noqa: E402
+    Gemm,
+    dense_gemms,
+    fp8_block_gemms,
+    fp8_gemms,
+    launch,
+    nvfp4_w4a16_gemms,
+)
+from moe_core.backends.triton.sorting import SortedTokens  # noqa: E402
+from moe_core.fp8 import FP8_BLOCK  # noqa: E402
 from moe_core.backends.triton.sorting import sort_tokens  # noqa: E402
 
 
@@ -40,15 +57,17 @@ def candidates(rows_per_expert: float, k: int, fmt: str) -> dict[int, list[Kerne
         block_ms, block_ns, block_ks, warps = [16], [64, 128], [128, 256], [4]
     elif rows_per_expert <= 128:
         block_ms, block_ns, block_ks, warps = [16, 64], [64, 128], [128, 256] if fmt == "fp8" else [64, 128], [4]
-    elif fmt == "fp8":
-        block_ms, block_ns, block_ks, warps = [64, 128], [128, 256], [128], [4, 8]
+    if fmt == "fp8-block":
+        block_ks = [min(block_k, FP8_BLOCK) for block_k in block_ks]  # a tile stays inside its 128 block
+    elif fmt in ("fp8", "fp8-block"):
+        block_ms, block_ns, block_ks, warps = [64, 128], [64, 128] if fmt == "fp8-block" else [128, 256], [128], [4, 8]
     else:
         block_ms, block_ns, block_ks, warps = [64, 128], [128], [64], [4, 8]
     out: dict[int, list[KernelConfig]] = {}
     for block_m in block_ms:
         out[block_m] = [
             KernelConfig(block_m, block_n, block_k, 8 if block_m > 16 else 1, warp, stage)
-            for block_n, block_k, warp, stage in itertools.product(block_ns, block_ks, warps, [3, 4])
+            for block_n, block_k, warp, stage in itertools.product(block_ns, sorted(set(block_ks)), warps, [3, 4])
             if k % block_k == 0
         ]
     return out
@@ -69,6 +88,80 @@ def tune_gemm(run: Callable[[KernelConfig], float], configs: list[KernelConfig])
     return best
 
 
+GemmFor = Callable[[int, KernelConfig], Gemm]
+"""GEMM ``index`` (0: w13, 1: w2) of one quant info under a config."""
+
+
+def gemm_for(fmt: str, config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor) -> GemmFor:
+    """The layer's bf16 weights ``w13``/``w2`` in format ``fmt``, as the runner's GEMM launches."""
+    if fmt == "bf16":
+        dense = TritonDenseWeights(w13=w13, w2=w2)
+        return lambda index, c: dense_gemms(dense, c, c)[index]
+    if fmt == "fp8":
+        fp8 = TritonFp8Weights.from_fp8(fp8_layer(config, w13, w2))
+        return lambda index, c: fp8_gemms(fp8, c, c)[index]
+    if fmt == "fp8-block":
+        block = TritonFp8BlockWeights.from_fp8_block(fp8_block_layer(w13, w2))
+        return lambda index, c: fp8_block_gemms(block, c, c)[index]
+    if fmt == "nvfp4":
+        nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2))
+        return lambda index, c: nvfp4_w4a16_gemms(nvfp4, c, c)[index]
+    raise ValueError(f"--formats: unknown {fmt!r}; choose from bf16, fp8, fp8-block, nvfp4")
+
+
+@final
+@attrs.frozen(eq=False)
+class GemmCase:
+    """One token count's operands for timing each GEMM of one format alone, as the runner would launch it."""
+
+    gemm: GemmFor
+    x: torch.Tensor
+    inter_in: torch.Tensor
+    inter_out: torch.Tensor
+    down: torch.Tensor
+    weights: torch.Tensor
+    topk_ids: torch.Tensor
+    x_scales: torch.Tensor | None
+    out_scale: torch.Tensor | None
+    inter_scales: torch.Tensor | None
+
+    def first(self, c: KernelConfig, sorted_tokens: SortedTokens) -> None:
+        """The gated w13 GEMM."""
+        top_k = self.topk_ids.shape[1]
+        launch(self.x, self.gemm(0, c), self.inter_out, self.weights, sorted_tokens, top_k, True, 0, self.x_scales, self.out_scale)
+
+    def second(self, c: KernelConfig, sorted_tokens: SortedTokens) -> None:
+        """The w2 GEMM weighted by the top-k weights."""
+        top_k = self.topk_ids.shape[1]
+        launch(self.inter_in, self.gemm(1, c), self.down, self.weights, sorted_tokens, top_k, False, 0, self.inter_scales)
+
+
+def gemm_case(fmt: str, gemm: GemmFor, config: MoeRunnerConfig, tokens: int, gen: torch.Generator, device: str) -> GemmCase:
+    """Random inputs for ``tokens`` tokens: FP8 inputs with unit scales (static per tensor, or per 1x128 group)."""
+    hidden, inter, pairs = config.hidden_size, config.intermediate_size_per_partition, tokens * config.top_k
+    act = torch.float8_e4m3fn if fmt in ("fp8", "fp8-block") else torch.bfloat16
+    topk = select_experts(torch.randn(tokens, config.num_experts, generator=gen).to(device), config)
+    unit = torch.ones(1, device=device)
+    x_scales = out_scale = inter_scales = None
+    if fmt == "fp8":
+        x_scales = out_scale = inter_scales = unit
+    elif fmt == "fp8-block":
+        x_scales = torch.ones(tokens, hidden // FP8_BLOCK, device=device)
+        inter_scales = torch.ones(pairs, inter // FP8_BLOCK, device=device)
+    return GemmCase(
+        gemm=gemm,
+        x=torch.randn(tokens, hidden, generator=gen).to(device, act),
+        inter_in=torch.randn(pairs, inter, generator=gen).to(device, act),
+        inter_out=torch.empty(pairs, inter, device=device, dtype=act if fmt == "fp8" else torch.bfloat16),
+        down=torch.empty(pairs, hidden, device=device, dtype=torch.bfloat16),
+        weights=topk.topk_weights.contiguous(),
+        topk_ids=topk.topk_ids,
+        x_scales=x_scales,
+        out_scale=out_scale,
+        inter_scales=inter_scales,
+    )
+
+
 def main() -> None:
     import triton.testing
 
@@ -86,41 +179,21 @@ def main() -> None:
         config = MoeRunnerConfig(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k)
         w13, w2 = random_weights(name, gen)
         for fmt in args.formats.split(","):
-            quant_info: TritonDenseWeights | TritonFp8Weights | TritonNvfp4W4A16Weights
-            if fmt == "bf16":
-                quant_info = TritonDenseWeights(w13=w13, w2=w2)
-            elif fmt == "fp8":
-                quant_info = TritonFp8Weights.from_fp8(fp8_layer(config, w13, w2))
-            else:
-                quant_info = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2))
-            unit = torch.ones(1, device="cuda") if fmt == "fp8" else None  # one static FP8 scale for both inputs
-            act_dtype = torch.float8_e4m3fn if fmt == "fp8" else torch.bfloat16
-
-            def gemm(index: int, c: KernelConfig) -> Gemm:
-                if isinstance(quant_info, TritonDenseWeights):
-                    return dense_gemms(quant_info, c, c)[index]
-                if isinstance(quant_info, TritonFp8Weights):
-                    return fp8_gemms(quant_info, c, c)[index]
-                return nvfp4_w4a16_gemms(quant_info, c, c)[index]
-
+            gemm = gemm_for(fmt, config, w13, w2)
             entries = table.setdefault(layer_key(experts, hidden, inter, top_k, fmt), {})
             for tokens in (int(t) for t in args.tokens.split(",")):
-                x = torch.randn(tokens, hidden, generator=gen).to("cuda", act_dtype)
-                topk = select_experts(torch.randn(tokens, experts, generator=gen).to("cuda"), config)
-                weights = topk.topk_weights.contiguous()
-                inter_out = torch.randn(tokens * top_k, inter, device="cuda").to(act_dtype)
-                down = torch.empty(tokens * top_k, hidden, device="cuda", dtype=torch.bfloat16)
+                case = gemm_case(fmt, gemm, config, tokens, gen, "cuda")
                 best_total: tuple[float, KernelConfig, KernelConfig] | None = None
                 for block_m, configs13 in candidates(tokens * top_k / experts, hidden, fmt).items():
-                    sorted_tokens = sort_tokens(topk.topk_ids, experts, 0, block_m)
+                    sorted_tokens = sort_tokens(case.topk_ids, experts, 0, block_m)
                     configs2 = candidates(tokens * top_k / experts, inter, fmt)[block_m]
 
                     def time13(c: KernelConfig) -> float:
-                        fn = lambda: launch(x, gemm(0, c), inter_out, weights, sorted_tokens, top_k, True, 0, unit, unit)  # noqa: E731
+                        fn = lambda: case.first(c, sorted_tokens)  # noqa: E731
                         return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
 
                     def time2(c: KernelConfig) -> float:
-                        fn = lambda: launch(inter_out, gemm(1, c), down, weights, sorted_tokens, top_k, False, 0, unit)  # noqa: E731
+                        fn = lambda: case.second(c, sorted_tokens)  # noqa: E731
                         return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
 
                     c13, ms13 = tune_gemm(time13, configs13)

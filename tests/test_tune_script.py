@@ -1,0 +1,42 @@
+"""The tuning script's launches run for every format it tunes, as the runner would launch them.
+
+The script itself needs a CUDA GPU (``do_bench``); here its per-format
+operands (``gemm_for``, ``gemm_case``) run under Triton's CPU interpreter at a
+tiny shape, so a wrong dtype, scale or buffer fails before a GPU session is
+spent on it. The bf16 case also checks the gated output against float32 math.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from benchmarks.tune_triton_moe import candidates, gemm_case, gemm_for
+from moe_core import MoeRunnerConfig
+from moe_core.backends.triton.sorting import sort_tokens
+
+CONFIG = MoeRunnerConfig(num_experts=4, hidden_size=128, intermediate_size_per_partition=128, top_k=2)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp8-block", "nvfp4"])
+def test_each_format_launches_both_gemms(gen: torch.Generator, fmt: str) -> None:
+    hidden, inter = CONFIG.hidden_size, CONFIG.intermediate_size_per_partition
+    w13 = (torch.randn(4, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)).to(torch.bfloat16)
+    w2 = (torch.randn(4, hidden, inter, generator=gen) / math.sqrt(inter)).to(torch.bfloat16)
+    tokens = 3
+    case = gemm_case(fmt, gemm_for(fmt, CONFIG, w13, w2), CONFIG, tokens, gen, "cpu")
+    block_m, configs = next(iter(candidates(tokens * CONFIG.top_k / 4, hidden, fmt).items()))
+    second = candidates(tokens * CONFIG.top_k / 4, inter, fmt)[block_m]
+    assert configs and second, "at least one candidate fits K=128"
+    sorted_tokens = sort_tokens(case.topk_ids, 4, 0, block_m)
+    case.first(configs[0], sorted_tokens)
+    case.second(second[0], sorted_tokens)
+    assert bool(torch.isfinite(case.inter_out.float()).all()) and bool(torch.isfinite(case.down.float()).all())
+    assert float(case.down.float().abs().max()) > 0
+    if fmt == "bf16":
+        pairs = torch.arange(tokens * CONFIG.top_k)
+        gate_up = torch.einsum("ph,poh->po", case.x.float()[pairs // 2], w13.float()[case.topk_ids.reshape(-1).long()])
+        expected = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        torch.testing.assert_close(case.inter_out.float(), expected, rtol=2e-2, atol=2e-2)
