@@ -12,7 +12,7 @@ for step in "${steps[@]}"; do
     tests) python3 -m pytest -q -p no:cacheprovider tests/test_triton.py > "$OUT/pytest_triton.txt" 2>&1; tail -3 "$OUT/pytest_triton.txt" ;;
     deepseek) python3 benchmarks/bench_moe.py --backends triton-dense,triton-fp8,triton-fp8-channel,triton-fp8-block \
         --shapes deepseek --tokens 1,16,64,1024,4096 --json "$OUT/bench_deepseek.json" > "$OUT/bench_deepseek.txt" 2>&1; tail -25 "$OUT/bench_deepseek.txt" ;;
-    tune) python3 benchmarks/tune_triton_moe.py --formats fp8 --shapes mixtral,deepseek --tokens 1,16,64,1024,4096 \
+    tune) python3 benchmarks/tune_triton_moe.py --formats fp8,fp8-block --shapes mixtral,deepseek --tokens 1,16,64,1024,4096 \
         > "$OUT/tune_fp8.txt" 2>&1; cp backends/triton/configs/*.json "$OUT/"; tail -12 "$OUT/tune_fp8.txt" ;;
     table) python3 benchmarks/bench_moe.py --backends triton-dense,triton-fp8,triton-fp8-channel,triton-fp8-block,triton-nvfp4-w4a16 \
         --tokens 1,16,64,256,1024,4096,8192 --host-overhead --json "$OUT/bench_all.json" > "$OUT/bench_all.txt" 2>&1; tail -40 "$OUT/bench_all.txt" ;;
