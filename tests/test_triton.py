@@ -46,6 +46,7 @@ from moe_core import (
     Fp8ChannelMoeWeights,
     Fp8BlockScales,
     Fp8ChannelScales,
+    MoeForward,
     MoeRunnerConfig,
     StandardDispatchOutput,
     TopKOutput,
@@ -303,17 +304,29 @@ def test_sorting_groups_every_local_pair_once(
     assert placed == [i for i in range(flat.numel()) if offset <= int(flat[i]) < offset + local]
 
 
+def bound_forward(fmt: str, config: MoeRunnerConfig, weights: DenseMoeWeights, dispatch: StandardDispatchOutput) -> MoeForward:
+    """The layer through the Triton backend of ``fmt`` (FP8 ones quantized from ``weights``)."""
+    dense = DenseMoeWeights(w13=weights.w13.float(), w2=weights.w2.float())
+    if fmt == "dense":
+        return TRITON_DENSE.bind(config, TritonDenseWeights.from_dense(weights))
+    if fmt == "fp8-static":
+        return TRITON_FP8.bind(config, TritonFp8Weights.from_fp8(quantize_fp8_layer(config, dense, dispatch)))
+    if fmt == "fp8-dynamic":
+        return TRITON_FP8.bind(config, TritonFp8Weights.from_fp8_channel(quantize_fp8_channel_layer(config, dense, dispatch)))
+    return TRITON_FP8_BLOCK.bind(config, TritonFp8BlockWeights.from_fp8_block(quantize_fp8_block_layer(config, dense, dispatch)))
+
+
 @pytest.mark.skipif(not CUDA, reason="needs CUDA graphs")
-def test_forward_is_captured_and_replayed_in_a_cuda_graph(gen: torch.Generator) -> None:
+@pytest.mark.parametrize("fmt", ["dense", "fp8-static", "fp8-dynamic", "fp8-block"])
+def test_forward_is_captured_and_replayed_in_a_cuda_graph(gen: torch.Generator, fmt: str) -> None:
     config, weights, dispatch = make_layer(gen, (16, 64, 8, 2048, 768, 64, 0), torch.bfloat16)
-    kernel_weights = TritonDenseWeights.from_dense(weights)
-    runner = create_runner(TRITON_DENSE, config)
+    forward_of = bound_forward(fmt, config, weights, dispatch)
     static_x = dispatch.hidden_states.clone()
     static_ids, static_w = dispatch.topk.topk_ids.clone(), dispatch.topk.topk_weights.clone()
 
     def forward() -> torch.Tensor:
         topk = TopKOutput(static_ids, static_w, num_experts=config.num_experts, check_values=False)
-        return runner.run(StandardDispatchOutput(static_x, topk), kernel_weights)
+        return forward_of(StandardDispatchOutput(static_x, topk))
 
     forward()
     torch.cuda.synchronize()
@@ -325,7 +338,7 @@ def test_forward_is_captured_and_replayed_in_a_cuda_graph(gen: torch.Generator) 
     static_ids.copy_(fresh.topk.topk_ids)
     static_w.copy_(fresh.topk.topk_weights)
     graph.replay()
-    torch.testing.assert_close(captured, runner.run(fresh, kernel_weights), rtol=0, atol=0)
+    torch.testing.assert_close(captured, forward_of(fresh), rtol=0, atol=0)
 
 
 def test_shapes_that_disagree_with_the_config_are_refused(gen: torch.Generator) -> None:
