@@ -13,6 +13,7 @@ swapped pair would run and silently give another layer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, final
 
 import attrs
@@ -55,9 +56,50 @@ def _check_expert_shapes(cls_name: str, w13: tuple[int, int, int], w2: tuple[int
         )
 
 
+class _Stacked(Protocol):
+    """Stacked expert matrices (a tensor, or quantized codes) that report their ``(num_experts, rows, cols)``."""
+
+    @property
+    def shape(self) -> Sequence[int]: ...
+
+
+class _ExpertSizes:
+    """The sizes a QuantInfo reports, read from its ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` stacks."""
+
+    w13: _Stacked
+    w2: _Stacked
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held (this rank's local experts)."""
+        return int(self.w13.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return int(self.w13.shape[2])
+
+    @property
+    def intermediate_size(self) -> int:
+        """I, per partition."""
+        return int(self.w2.shape[2])
+
+
+class _TensorExperts(_ExpertSizes):
+    """The QuantInfo properties of weights held as two tensors ``w13`` and ``w2`` (dense, or a kernel's layout)."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.w13.device
+
+
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class DenseMoeWeights:
+class DenseMoeWeights(_TensorExperts):
     """Unquantized expert weights in fp32, bf16 or fp16, finite (checked where values exist)."""
 
     w13: torch.Tensor
@@ -76,59 +118,9 @@ class DenseMoeWeights:
         _check_expert_shapes("DenseMoeWeights", _shape3(self.w13), _shape3(self.w2))
         require_same_device([("w13", self.w13), ("w2", self.w2)])
 
-    @property
-    def num_experts(self) -> int:
-        """Experts held (this rank's local experts)."""
-        return int(self.w13.shape[0])
-
-    @property
-    def hidden_size(self) -> int:
-        """H."""
-        return int(self.w13.shape[2])
-
-    @property
-    def intermediate_size(self) -> int:
-        """I, per partition."""
-        return int(self.w2.shape[2])
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights live."""
-        return self.w13.device
-
-
-class _Stacked(Protocol):
-    """Stacked expert matrices that report their logical ``(num_experts, rows, cols)``."""
-
-    @property
-    def shape(self) -> tuple[int, int, int]: ...
-
-
-class _QuantizedExperts:
-    """The sizes a quantized layer's QuantInfo reports, read from its ``w13`` and ``w2`` stacks."""
-
-    w13: _Stacked
-    w2: _Stacked
-
-    @property
-    def num_experts(self) -> int:
-        """Experts held (this rank's local experts)."""
-        return self.w13.shape[0]
-
-    @property
-    def hidden_size(self) -> int:
-        """H."""
-        return self.w13.shape[2]
-
-    @property
-    def intermediate_size(self) -> int:
-        """I, per partition."""
-        return self.w2.shape[2]
-
-
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class Nvfp4MoeWeights(_QuantizedExperts):
+class Nvfp4MoeWeights(_ExpertSizes):
     """NVFP4 W4A4 expert weights with the static input scales of both GEMMs.
 
     ``w13`` keeps the gate and up halves' global scales apart;
@@ -181,7 +173,7 @@ class Nvfp4MoeWeights(_QuantizedExperts):
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class Fp8MoeWeights(_QuantizedExperts):
+class Fp8MoeWeights(_ExpertSizes):
     """FP8 E4M3 W8A8 expert weights: per-expert per-tensor weight scales and the static input scales of both GEMMs.
 
     ``w13`` keeps the gate and up halves' scales apart (checkpoints store one
@@ -215,7 +207,7 @@ class Fp8MoeWeights(_QuantizedExperts):
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class Fp8ChannelMoeWeights(_QuantizedExperts):
+class Fp8ChannelMoeWeights(_ExpertSizes):
     """FP8 E4M3 expert weights with per-channel scales, for activations quantized per token at run time.
 
     The compressed-tensors ``FP8_DYNAMIC`` scheme: ``w13 [E, 2I, H]`` (gate
@@ -246,7 +238,7 @@ class Fp8ChannelMoeWeights(_QuantizedExperts):
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class Fp8BlockMoeWeights(_QuantizedExperts):
+class Fp8BlockMoeWeights(_ExpertSizes):
     """FP8 E4M3 expert weights with 128x128 block scales, for activations quantized per token and 128-column group.
 
     The DeepSeek-V3 / Qwen3 FP8 layout: ``w13 [E, 2I, H]`` (gate rows first)

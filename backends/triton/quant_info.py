@@ -35,8 +35,9 @@ from moe_core import (
     Nvfp4ExpertWeights,
     Nvfp4MoeWeights,
 )
-from moe_core.fp8 import FP8_BLOCK
 from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
+from moe_core.fp8 import FP8_BLOCK
+from moe_core.moe_weights import _TensorExperts
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 """Weight dtypes the dense kernels multiply."""
@@ -50,36 +51,9 @@ def _expert_dims(w13: torch.Tensor, w2: torch.Tensor, cols_per_element: int) -> 
     return experts, hidden, inter
 
 
-class _UnpackedStacks:
-    """The QuantInfo sizes of kernel weights held as unpacked ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` tensors."""
-
-    w13: torch.Tensor
-    w2: torch.Tensor
-
-    @property
-    def num_experts(self) -> int:
-        """Experts held."""
-        return int(self.w13.shape[0])
-
-    @property
-    def hidden_size(self) -> int:
-        """H."""
-        return int(self.w13.shape[2])
-
-    @property
-    def intermediate_size(self) -> int:
-        """I."""
-        return int(self.w2.shape[2])
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights live."""
-        return self.w13.device
-
-
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class TritonDenseWeights(_UnpackedStacks):
+class TritonDenseWeights(_TensorExperts):
     """bf16 or fp16 expert weights, contiguous ``w13 [E, 2I, H]`` (gate rows first) and ``w2 [E, H, I]``."""
 
     w13: torch.Tensor
@@ -227,7 +201,7 @@ class Fp8Accumulation(enum.Enum):
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class TritonFp8Weights(_UnpackedStacks):
+class TritonFp8Weights(_TensorExperts):
     """FP8 E4M3 W8A8 experts as the kernels read them: codes, per-channel dequantize-side scales, the activations' scheme.
 
     ``w13 [E, 2I, H]`` (gate rows first) with ``w13_scales [E, 2I]``, so the
@@ -295,7 +269,7 @@ class TritonFp8Weights(_UnpackedStacks):
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class TritonFp8BlockWeights(_UnpackedStacks):
+class TritonFp8BlockWeights(_TensorExperts):
     """Block-scaled FP8 experts as the kernels read them: ``w13 [E, 2I, H]`` (gate rows first) and ``w2 [E, H, I]``,
     each with one dequantize-side scale per 128x128 block; H and I multiples of 128."""
 
