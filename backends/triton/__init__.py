@@ -42,11 +42,17 @@ from moe_core.backends.triton.quant_info import (
 )
 
 
+def interpreted() -> bool:
+    """True under Triton's CPU interpreter (``TRITON_INTERPRET=1``): the kernels then upcast their dot products and
+    round before E4M3 casts."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _availability(device: torch.device, capability: tuple[int, int]) -> Availability:
     if importlib.util.find_spec("triton") is None:
         return Availability.unavailable("triton is not installed (pip install 'moe-core[triton]')")
     if device.type == "cpu":
-        if os.environ.get("TRITON_INTERPRET") == "1":
+        if interpreted():
             return Availability.available()
         return Availability.unavailable("needs a CUDA device (or TRITON_INTERPRET=1 for Triton's slow CPU interpreter)")
     if device.type != "cuda":

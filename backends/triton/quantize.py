@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from typing import final
 
 import attrs
 import torch
 
+from moe_core.backends.triton import interpreted
 from moe_core.backends.triton.kernels import quantize_groups_kernel, quantize_rows_kernel
 from moe_core.backends.triton.sorting import next_power_of_2
 from moe_core.fp8 import FP8_BLOCK, MIN_DYNAMIC_SCALE
+
 
 @final
 @attrs.frozen(eq=False)
@@ -20,11 +21,6 @@ class LocalPairs:
     topk_ids: torch.Tensor
     offset: int
     num_local: int
-
-
-def _interpreted() -> bool:
-    """Triton's CPU interpreter, whose float32 -> E4M3 cast needs the values rounded first."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 MAX_BLOCK = 4096
@@ -49,7 +45,7 @@ def quantize_fp8_rows(
     offset, num_local = (0, 0) if pairs is None else (pairs.offset, pairs.num_local)
     quantize_rows_kernel[(rows,)](
         x, codes, scales, scales, ids, cols, x.stride(0), codes.stride(0), MIN_DYNAMIC_SCALE, offset, num_local,
-        DYNAMIC=static_scale is None, PAIRS=pairs is not None, ROUND_FIRST=_interpreted(),
+        DYNAMIC=static_scale is None, PAIRS=pairs is not None, ROUND_FIRST=interpreted(),
         BLOCK=min(MAX_BLOCK, next_power_of_2(cols)),
     )
     return codes, scales
@@ -69,6 +65,6 @@ def quantize_fp8_groups(x: torch.Tensor, pairs: LocalPairs | None = None) -> tup
     offset, num_local = (0, 0) if pairs is None else (pairs.offset, pairs.num_local)
     quantize_groups_kernel[(rows, cols // FP8_BLOCK)](
         x, codes, scales, ids, x.stride(0), codes.stride(0), scales.stride(0), MIN_DYNAMIC_SCALE, offset, num_local,
-        PAIRS=pairs is not None, ROUND_FIRST=_interpreted(), GROUP=FP8_BLOCK,
+        PAIRS=pairs is not None, ROUND_FIRST=interpreted(), GROUP=FP8_BLOCK,
     )
     return codes, scales

@@ -8,13 +8,13 @@ forward can be captured in a CUDA graph and replayed.
 from __future__ import annotations
 
 import functools
-import os
 from typing import final
 
 import attrs
 import torch
 
 from moe_core import Activation, DispatchFormat, DispatchOutput, MoeRunnerConfig, check_run_inputs
+from moe_core.backends.triton import interpreted
 from moe_core.backends.triton.configs import KernelConfig, choose
 from moe_core.backends.triton.kernels import GELU, SILU, combine_kernel, moe_gemm_kernel
 from moe_core.backends.triton.quant_info import (
@@ -31,11 +31,6 @@ from moe_core.backends.triton.sorting import SortedTokens, cdiv, sort_tokens
 
 COMBINE_BLOCK = 1024
 """Hidden columns per combine program."""
-
-
-def interpreted() -> bool:
-    """True under Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @functools.cache
