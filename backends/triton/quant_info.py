@@ -43,6 +43,15 @@ KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 """Weight dtypes the dense kernels multiply."""
 
 
+def _require_kernel_stack(name: str, tensor: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
+    """A contiguous ``[num_experts, out_features, in_features]`` tensor of one of ``dtypes``, as the kernels index it."""
+    require_tensor(name, tensor)
+    require_dtype(name, tensor, dtypes)
+    require_ndim(name, tensor, 3, "[num_experts, out_features, in_features]")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor")
+
+
 def _expert_dims(w13: torch.Tensor, w2: torch.Tensor, cols_per_element: int) -> tuple[int, int, int]:
     experts, two_i, packed_h = (int(d) for d in w13.shape)
     hidden, inter = packed_h * cols_per_element, two_i // 2
@@ -61,11 +70,7 @@ class TritonDenseWeights(_TensorExperts):
 
     def __attrs_post_init__(self) -> None:
         for name, tensor in (("w13", self.w13), ("w2", self.w2)):
-            require_tensor(f"TritonDenseWeights.{name}", tensor)
-            require_dtype(f"TritonDenseWeights.{name}", tensor, KERNEL_DTYPES)
-            require_ndim(f"TritonDenseWeights.{name}", tensor, 3, "[num_experts, out_features, in_features]")
-            if not tensor.is_contiguous():
-                raise ValueError(f"TritonDenseWeights.{name}: expected a contiguous tensor")
+            _require_kernel_stack(f"TritonDenseWeights.{name}", tensor, KERNEL_DTYPES)
         if self.w13.dtype != self.w2.dtype:
             raise TypeError(f"TritonDenseWeights.w2: expected dtype {self.w13.dtype} like w13, got {self.w2.dtype}")
         _expert_dims(self.w13, self.w2, 1)
@@ -220,11 +225,7 @@ class TritonFp8Weights(_TensorExperts):
         if not isinstance(self.accumulation, Fp8Accumulation):
             raise TypeError(f"TritonFp8Weights.accumulation: expected an Fp8Accumulation, got {self.accumulation!r}")
         for name, tensor, scales in (("w13", self.w13, self.w13_scales), ("w2", self.w2, self.w2_scales)):
-            require_tensor(f"TritonFp8Weights.{name}", tensor)
-            require_dtype(f"TritonFp8Weights.{name}", tensor, (torch.float8_e4m3fn,))
-            require_ndim(f"TritonFp8Weights.{name}", tensor, 3, "[num_experts, out_features, in_features]")
-            if not tensor.is_contiguous():
-                raise ValueError(f"TritonFp8Weights.{name}: expected a contiguous tensor")
+            _require_kernel_stack(f"TritonFp8Weights.{name}", tensor, (torch.float8_e4m3fn,))
             if not isinstance(scales, Fp8ChannelScales) or tuple(scales.value.shape) != tuple(tensor.shape[:2]):
                 raise ValueError(f"TritonFp8Weights.{name}_scales: expected Fp8ChannelScales of shape {tuple(tensor.shape[:2])}")
         if not isinstance(self.activations, (StaticFp8Activations, DynamicFp8Activations)):
@@ -280,11 +281,7 @@ class TritonFp8BlockWeights(_TensorExperts):
 
     def __attrs_post_init__(self) -> None:
         for name, tensor, scales in (("w13", self.w13, self.w13_scales), ("w2", self.w2, self.w2_scales)):
-            require_tensor(f"TritonFp8BlockWeights.{name}", tensor)
-            require_dtype(f"TritonFp8BlockWeights.{name}", tensor, (torch.float8_e4m3fn,))
-            require_ndim(f"TritonFp8BlockWeights.{name}", tensor, 3, "[num_experts, out_features, in_features]")
-            if not tensor.is_contiguous():
-                raise ValueError(f"TritonFp8BlockWeights.{name}: expected a contiguous tensor")
+            _require_kernel_stack(f"TritonFp8BlockWeights.{name}", tensor, (torch.float8_e4m3fn,))
             experts, rows, cols = (int(d) for d in tensor.shape)
             if rows % FP8_BLOCK or cols % FP8_BLOCK:
                 raise ValueError(f"TritonFp8BlockWeights.{name}: expected dimensions that are multiples of {FP8_BLOCK}, got {(rows, cols)}")
