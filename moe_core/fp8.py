@@ -13,7 +13,8 @@ under a named :class:`~moe_core.global_scales.ExpertScalePolicy`.
 
 from __future__ import annotations
 
-from typing import ClassVar, final
+import abc
+from typing import ClassVar, Protocol, final
 
 import attrs
 import torch
@@ -186,24 +187,33 @@ def fake_quantize_fp8_per_group(x: torch.Tensor) -> torch.Tensor:
     return (quantize_fp8(_groups(x), scales).to(torch.float32) * scales).reshape(x.shape)
 
 
-@final
-@attrs.frozen(eq=False)
-class Fp8ExpertWeights:
-    """Stacked FP8 expert matrices ``[E, rows, cols]``, one dequantize-side scale per expert."""
+class _ScaleValues(Protocol):
+    """Scales that hold their float32 values as a tensor."""
+
+    @property
+    def value(self) -> torch.Tensor: ...
+
+
+class _Fp8Stack:
+    """E4M3 codes of stacked expert matrices ``[E, rows, cols]`` and the dequantize-side scales laid over them.
+
+    A subclass says how its scales spread over the elements (:meth:`_grid`);
+    the codes' checks, the shape and the dequantization are the same for all.
+    """
 
     codes: torch.Tensor
-    """float8_e4m3fn ``[E, rows, cols]``."""
-    scales: ExpertFp8Scales
+    scales: _ScaleValues
 
-    def __attrs_post_init__(self) -> None:
-        require_tensor("Fp8ExpertWeights.codes", self.codes)
-        require_dtype("Fp8ExpertWeights.codes", self.codes, (torch.float8_e4m3fn,))
-        require_ndim("Fp8ExpertWeights.codes", self.codes, 3, "[num_experts, rows, cols]")
-        if not isinstance(self.scales, ExpertFp8Scales):
-            raise TypeError(f"Fp8ExpertWeights.scales: expected ExpertFp8Scales, got {type(self.scales).__name__}")
-        if self.scales.num_experts != self.codes.shape[0]:
-            raise ValueError(f"Fp8ExpertWeights.scales: expected {self.codes.shape[0]} experts, got {self.scales.num_experts}")
-        require_same_device([("codes", self.codes), ("scales", self.scales.value)])
+    @staticmethod
+    @abc.abstractmethod
+    def _grid(values: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+        """Scale values ``[E, ...]`` as a tensor that broadcasts against codes ``[E, rows, cols]``."""
+
+    def _check_codes(self) -> None:
+        name = f"{type(self).__name__}.codes"
+        require_tensor(name, self.codes)
+        require_dtype(name, self.codes, (torch.float8_e4m3fn,))
+        require_ndim(name, self.codes, 3, "[num_experts, rows, cols]")
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -211,21 +221,46 @@ class Fp8ExpertWeights:
         experts, rows, cols = self.codes.shape
         return int(experts), int(rows), int(cols)
 
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The values the codes stand for, ``[E, rows, cols]``."""
+        _, rows, cols = self.shape
+        return (self.codes.to(torch.float32) * self._grid(self.scales.value, rows, cols)).to(dtype)
+
+    def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """One expert's ``[rows, cols]``."""
+        _, rows, cols = self.shape
+        scales = self._grid(self.scales.value[expert : expert + 1], rows, cols)[0]
+        return (self.codes[expert].to(torch.float32) * scales).to(dtype)
+
+
+@final
+@attrs.frozen(eq=False)
+class Fp8ExpertWeights(_Fp8Stack):
+    """Stacked FP8 expert matrices ``[E, rows, cols]``, one dequantize-side scale per expert."""
+
+    codes: torch.Tensor
+    """float8_e4m3fn ``[E, rows, cols]``."""
+    scales: ExpertFp8Scales
+
+    def __attrs_post_init__(self) -> None:
+        self._check_codes()
+        if not isinstance(self.scales, ExpertFp8Scales):
+            raise TypeError(f"Fp8ExpertWeights.scales: expected ExpertFp8Scales, got {type(self.scales).__name__}")
+        if self.scales.num_experts != self.codes.shape[0]:
+            raise ValueError(f"Fp8ExpertWeights.scales: expected {self.codes.shape[0]} experts, got {self.scales.num_experts}")
+        require_same_device([("codes", self.codes), ("scales", self.scales.value)])
+
+    @staticmethod
+    def _grid(values: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+        return values.reshape(-1, 1, 1)
+
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Fp8ExpertWeights:
         """Quantize float weights ``[E, rows, cols]``, each expert with the scale of its own amax."""
         require_ndim("w", w, 3, "[num_experts, rows, cols]")
         amax = w.detach().abs().amax(dim=(1, 2)).to(torch.float32)
         scales = ExpertFp8Scales.from_amax(torch.where(amax > 0, amax, torch.ones_like(amax)))
-        return cls(quantize_fp8(w, scales.value.reshape(-1, 1, 1)), scales)
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The values the codes stand for, ``[E, rows, cols]``."""
-        return (self.codes.to(torch.float32) * self.scales.value.reshape(-1, 1, 1)).to(dtype)
-
-    def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """One expert's ``[rows, cols]``."""
-        return (self.codes[expert].to(torch.float32) * self.scales.value[expert]).to(dtype)
+        return cls(quantize_fp8(w, cls._grid(scales.value, int(w.shape[1]), int(w.shape[2]))), scales)
 
 
 @final
@@ -274,7 +309,7 @@ class Fp8GateUpWeights:
 
 @final
 @attrs.frozen(eq=False)
-class Fp8ChannelExpertWeights:
+class Fp8ChannelExpertWeights(_Fp8Stack):
     """Stacked FP8 expert matrices ``[E, rows, cols]``, one dequantize-side scale per row (output channel).
 
     The fused ``w13 [E, 2I, H]`` is one of these (gate rows first): with a
@@ -286,9 +321,7 @@ class Fp8ChannelExpertWeights:
     scales: Fp8ChannelScales
 
     def __attrs_post_init__(self) -> None:
-        require_tensor("Fp8ChannelExpertWeights.codes", self.codes)
-        require_dtype("Fp8ChannelExpertWeights.codes", self.codes, (torch.float8_e4m3fn,))
-        require_ndim("Fp8ChannelExpertWeights.codes", self.codes, 3, "[num_experts, rows, cols]")
+        self._check_codes()
         if not isinstance(self.scales, Fp8ChannelScales):
             raise TypeError(f"Fp8ChannelExpertWeights.scales: expected Fp8ChannelScales, got {type(self.scales).__name__}")
         if (self.scales.num_experts, self.scales.rows) != tuple(self.codes.shape[:2]):
@@ -298,11 +331,9 @@ class Fp8ChannelExpertWeights:
             )
         require_same_device([("codes", self.codes), ("scales", self.scales.value)])
 
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """``(num_experts, rows, cols)``."""
-        experts, rows, cols = self.codes.shape
-        return int(experts), int(rows), int(cols)
+    @staticmethod
+    def _grid(values: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+        return values[:, :, None]
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Fp8ChannelExpertWeights:
@@ -310,15 +341,7 @@ class Fp8ChannelExpertWeights:
         require_ndim("w", w, 3, "[num_experts, rows, cols]")
         amax = w.detach().abs().amax(dim=2).to(torch.float32)
         scales = Fp8ChannelScales.from_amax(torch.where(amax > 0, amax, torch.ones_like(amax)))
-        return cls(quantize_fp8(w, scales.value[:, :, None]), scales)
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The values the codes stand for, ``[E, rows, cols]``."""
-        return (self.codes.to(torch.float32) * self.scales.value[:, :, None]).to(dtype)
-
-    def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """One expert's ``[rows, cols]``."""
-        return (self.codes[expert].to(torch.float32) * self.scales.value[expert][:, None]).to(dtype)
+        return cls(quantize_fp8(w, cls._grid(scales.value, int(w.shape[1]), int(w.shape[2]))), scales)
 
 
 def _blocks(rows: int, cols: int) -> tuple[int, int]:
@@ -332,7 +355,7 @@ def _expand_blocks(scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
 @final
 @attrs.frozen(eq=False)
-class Fp8BlockExpertWeights:
+class Fp8BlockExpertWeights(_Fp8Stack):
     """Stacked FP8 expert matrices ``[E, rows, cols]``, one dequantize-side scale per 128x128 block."""
 
     codes: torch.Tensor
@@ -340,9 +363,7 @@ class Fp8BlockExpertWeights:
     scales: Fp8BlockScales
 
     def __attrs_post_init__(self) -> None:
-        require_tensor("Fp8BlockExpertWeights.codes", self.codes)
-        require_dtype("Fp8BlockExpertWeights.codes", self.codes, (torch.float8_e4m3fn,))
-        require_ndim("Fp8BlockExpertWeights.codes", self.codes, 3, "[num_experts, rows, cols]")
+        self._check_codes()
         if not isinstance(self.scales, Fp8BlockScales):
             raise TypeError(f"Fp8BlockExpertWeights.scales: expected Fp8BlockScales, got {type(self.scales).__name__}")
         experts, rows, cols = self.shape
@@ -354,11 +375,9 @@ class Fp8BlockExpertWeights:
             )
         require_same_device([("codes", self.codes), ("scales", self.scales.value)])
 
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """``(num_experts, rows, cols)``."""
-        experts, rows, cols = self.codes.shape
-        return int(experts), int(rows), int(cols)
+    @staticmethod
+    def _grid(values: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+        return _expand_blocks(values, rows, cols)
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Fp8BlockExpertWeights:
@@ -370,15 +389,4 @@ class Fp8BlockExpertWeights:
         padded[:, :rows, :cols] = w.detach().abs()
         amax = padded.reshape(experts, row_blocks, FP8_BLOCK, col_blocks, FP8_BLOCK).amax(dim=(2, 4))
         scales = Fp8BlockScales(_value=torch.where(amax > 0, amax, torch.ones_like(amax)) / E4M3_MAX)
-        return cls(quantize_fp8(w, _expand_blocks(scales.value, rows, cols)), scales)
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The values the codes stand for, ``[E, rows, cols]``."""
-        _, rows, cols = self.shape
-        return (self.codes.to(torch.float32) * _expand_blocks(self.scales.value, rows, cols)).to(dtype)
-
-    def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """One expert's ``[rows, cols]``."""
-        _, rows, cols = self.shape
-        scales = _expand_blocks(self.scales.value[expert : expert + 1], rows, cols)[0]
-        return (self.codes[expert].to(torch.float32) * scales).to(dtype)
+        return cls(quantize_fp8(w, cls._grid(scales.value, rows, cols)), scales)
