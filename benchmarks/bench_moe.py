@@ -36,6 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import TypeVar
 from pathlib import Path
 
 import attrs
@@ -49,10 +50,8 @@ from moe_core import (  # noqa: E402
     ExpertQuantizeGlobalScales,
     Fp8BlockExpertWeights,
     Fp8BlockMoeWeights,
-    Fp8BlockScales,
     Fp8ChannelExpertWeights,
     Fp8ChannelMoeWeights,
-    Fp8ChannelScales,
     Fp8MoeWeights,
     LinearBlockScales,
     Nvfp4MoeWeights,
@@ -170,26 +169,24 @@ def _in_chunks(w: torch.Tensor, chunk: int = 16) -> Nvfp4ExpertWeights:
     )
 
 
-def fp8_channel_layer(w13: torch.Tensor, w2: torch.Tensor, chunk: int = 16) -> Fp8ChannelMoeWeights:
-    """The layer in FP8 per channel, a few experts at a time (the quantizer's float32 temporaries are 2x bf16)."""
-
-    def quantize(w: torch.Tensor) -> Fp8ChannelExpertWeights:
-        parts = [Fp8ChannelExpertWeights.quantize(w[i : i + chunk]) for i in range(0, w.shape[0], chunk)]
-        scales = Fp8ChannelScales(_value=torch.cat([p.scales.value for p in parts]))
-        return Fp8ChannelExpertWeights(torch.cat([p.codes for p in parts]), scales)
-
-    return Fp8ChannelMoeWeights(w13=quantize(w13), w2=quantize(w2))
+Fp8Stack = TypeVar("Fp8Stack", Fp8ChannelExpertWeights, Fp8BlockExpertWeights)
 
 
-def fp8_block_layer(w13: torch.Tensor, w2: torch.Tensor, chunk: int = 16) -> Fp8BlockMoeWeights:
-    """The layer in FP8 per 128x128 block, a few experts at a time."""
+def _fp8_in_chunks(kind: type[Fp8Stack], w: torch.Tensor, chunk: int = 16) -> Fp8Stack:
+    """``kind.quantize(w)`` a few experts at a time (the quantizer's float32 temporaries are 2x the bf16 weights)."""
+    parts = [kind.quantize(w[i : i + chunk]) for i in range(0, w.shape[0], chunk)]
+    scales = type(parts[0].scales)(_value=torch.cat([p.scales.value for p in parts]))
+    return kind(torch.cat([p.codes for p in parts]), scales)
 
-    def quantize(w: torch.Tensor) -> Fp8BlockExpertWeights:
-        parts = [Fp8BlockExpertWeights.quantize(w[i : i + chunk]) for i in range(0, w.shape[0], chunk)]
-        scales = Fp8BlockScales(_value=torch.cat([p.scales.value for p in parts]))
-        return Fp8BlockExpertWeights(torch.cat([p.codes for p in parts]), scales)
 
-    return Fp8BlockMoeWeights(w13=quantize(w13), w2=quantize(w2))
+def fp8_channel_layer(w13: torch.Tensor, w2: torch.Tensor) -> Fp8ChannelMoeWeights:
+    """The layer in FP8 per channel."""
+    return Fp8ChannelMoeWeights(w13=_fp8_in_chunks(Fp8ChannelExpertWeights, w13), w2=_fp8_in_chunks(Fp8ChannelExpertWeights, w2))
+
+
+def fp8_block_layer(w13: torch.Tensor, w2: torch.Tensor) -> Fp8BlockMoeWeights:
+    """The layer in FP8 per 128x128 block."""
+    return Fp8BlockMoeWeights(w13=_fp8_in_chunks(Fp8BlockExpertWeights, w13), w2=_fp8_in_chunks(Fp8BlockExpertWeights, w2))
 
 
 def quantized(w13: torch.Tensor, w2: torch.Tensor) -> Nvfp4MoeWeights:
