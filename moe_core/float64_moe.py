@@ -41,22 +41,23 @@ def fp8_round_trips(weights: Fp8MoeWeights) -> tuple[RoundTrip, RoundTrip]:
     return _fp8_round_trip(weights.w13_input_scale), _fp8_round_trip(weights.w2_input_scale)
 
 
-def fp8_per_token_round_trips() -> tuple[RoundTrip, RoundTrip]:
-    """Both GEMM inputs' FP8 round trips with dynamic per-token scales (each token's own amax)."""
+def _dynamic_round_trips(fake_quantize: Callable[[torch.Tensor], torch.Tensor]) -> tuple[RoundTrip, RoundTrip]:
+    """Both GEMM inputs through ``fake_quantize`` of a ``[T, K]`` batch, one token at a time (scales from its own values)."""
 
     def round_trip(x: torch.Tensor) -> torch.Tensor:
-        return fake_quantize_fp8_per_token(x.float()[None])[0].double()
+        return fake_quantize(x.float()[None])[0].double()
 
     return round_trip, round_trip
+
+
+def fp8_per_token_round_trips() -> tuple[RoundTrip, RoundTrip]:
+    """Both GEMM inputs' FP8 round trips with dynamic per-token scales (each token's own amax)."""
+    return _dynamic_round_trips(fake_quantize_fp8_per_token)
 
 
 def fp8_per_group_round_trips() -> tuple[RoundTrip, RoundTrip]:
     """Both GEMM inputs' FP8 round trips with dynamic scales per 128-column group of each token."""
-
-    def round_trip(x: torch.Tensor) -> torch.Tensor:
-        return fake_quantize_fp8_per_group(x.float()[None])[0].double()
-
-    return round_trip, round_trip
+    return _dynamic_round_trips(fake_quantize_fp8_per_group)
 
 
 def float64_moe(
