@@ -57,12 +57,14 @@ def candidates(rows_per_expert: float, k: int, fmt: str) -> dict[int, list[Kerne
         block_ms, block_ns, block_ks, warps = [16], [64, 128], [128, 256], [4]
     elif rows_per_expert <= 128:
         block_ms, block_ns, block_ks, warps = [16, 64], [64, 128], [128, 256] if fmt == "fp8" else [64, 128], [4]
-    if fmt == "fp8-block":
-        block_ks = [min(block_k, FP8_BLOCK) for block_k in block_ks]  # a tile stays inside its 128 block
-    elif fmt in ("fp8", "fp8-block"):
-        block_ms, block_ns, block_ks, warps = [64, 128], [64, 128] if fmt == "fp8-block" else [128, 256], [128], [4, 8]
+    elif fmt == "fp8":
+        block_ms, block_ns, block_ks, warps = [64, 128], [128, 256], [128], [4, 8]
+    elif fmt == "fp8-block":
+        block_ms, block_ns, block_ks, warps = [64, 128], [64, 128], [128], [4, 8]
     else:
         block_ms, block_ns, block_ks, warps = [64, 128], [128], [64], [4, 8]
+    if fmt == "fp8-block":
+        block_ks = [min(block_k, FP8_BLOCK) for block_k in block_ks]  # a tile stays inside its 128 block
     out: dict[int, list[KernelConfig]] = {}
     for block_m in block_ms:
         out[block_m] = [

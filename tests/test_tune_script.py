@@ -40,3 +40,18 @@ def test_each_format_launches_both_gemms(gen: torch.Generator, fmt: str) -> None
         gate_up = torch.einsum("ph,poh->po", case.x.float()[pairs // 2], w13.float()[case.topk_ids.reshape(-1).long()])
         expected = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
         torch.testing.assert_close(case.inter_out.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp8-block", "nvfp4"])
+@pytest.mark.parametrize(
+    ("rows_per_expert", "row_blocks"), [(0.25, {16}), (16.0, {16}), (64.0, {16, 64}), (1024.0, {64, 128})]
+)
+def test_candidates_follow_the_regime(fmt: str, rows_per_expert: float, row_blocks: set[int]) -> None:
+    """Decode sizes get 16-row blocks, prefill sizes big ones, for every format; block-scaled K tiles stay in a block."""
+    table = candidates(rows_per_expert, 4096, fmt)
+    assert set(table) == row_blocks
+    for block_m, configs in table.items():
+        assert configs, f"no candidate for block_m={block_m}"
+        assert all(c.block_m == block_m and 4096 % c.block_k == 0 for c in configs)
+        if fmt == "fp8-block":
+            assert all(c.block_k <= 128 for c in configs)
