@@ -24,7 +24,7 @@ the fraction of the roofline ``max(bytes / copy bandwidth, flops / matmul
 rate) / time`` and the ratio of ``torch._grouped_mm``'s time to this one's.
 The reference backend runs at T <= 16 only. ``--host-overhead`` adds the
 eager per-call time at T=1 minus the graph-replay time. Results go to stdout
-and, with ``--json PATH``, to a file.
+and, with ``--json PATH``, to a file (rewritten after each shape).
 """
 
 from __future__ import annotations
@@ -401,14 +401,16 @@ def main() -> None:
         f"{torch.cuda.get_device_name()}: copy {ceilings[0]:.0f} GB/s, bf16 matmul {ceilings[1]:.0f} TFLOP/s, "
         f"FP8 matmul {ceilings[2]:.0f} TFLOP/s", flush=True,
     )
-    rows = []
-    for name in args.shapes.split(","):
-        rows += bench_shape(name, [int(t) for t in args.tokens.split(",")], ceilings, gen, backends)
-        torch.cuda.empty_cache()
+    rows: list[dict[str, object]] = []
     result: dict[str, object] = {
         "device": torch.cuda.get_device_name(), "copy_gbs": ceilings[0], "matmul_tflops": ceilings[1],
         "fp8_matmul_tflops": ceilings[2], "rows": rows,
     }
+    for name in args.shapes.split(","):
+        rows += bench_shape(name, [int(t) for t in args.tokens.split(",")], ceilings, gen, backends)
+        torch.cuda.empty_cache()
+        if args.json:  # each finished shape kept, should a later one not finish
+            args.json.write_text(json.dumps(result, indent=1))
     if args.host_overhead:
         result["host_overhead"] = host_overhead(gen)
         print(f"host overhead at T=1 (eager minus graph replay): {result['host_overhead']}")

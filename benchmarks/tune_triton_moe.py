@@ -1,5 +1,8 @@
 """Tune the Triton MoE kernels' block sizes on this GPU and write ``backends/triton/configs/<device>.json``.
 
+With ``$MOE_CORE_TRITON_CONFIGS`` set, the table goes to ``<device>.json`` in that directory, which the
+runners then read instead.
+
 Run from the repository root on a CUDA GPU::
 
     python benchmarks/tune_triton_moe.py [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096]

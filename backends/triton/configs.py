@@ -6,7 +6,9 @@ Tuned tables live in ``configs/<device>.json`` (written by
 holding both GEMMs' configs (``w13`` and ``w2``, one ``block_m``: the tokens
 are sorted once); a call takes the entry of the nearest tuned token count
 within one doubling (:data:`MAX_TUNED_DISTANCE`).
-Untuned shapes and devices use :func:`heuristic`.
+Untuned shapes and devices use :func:`heuristic`. ``MOE_CORE_TRITON_CONFIGS``
+names another directory of such tables (an engine's own tuning, or a tuning
+run's output), read instead of the package's.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from pathlib import Path
 from typing import final
 
 import attrs
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+CONFIG_DIR_VARIABLE = "MOE_CORE_TRITON_CONFIGS"
+"""The environment variable naming a directory of tuned tables read instead of :data:`CONFIG_DIR`."""
 MAX_TUNED_DISTANCE = 1.0
 """A tuned entry serves token counts within this many doublings of its own; farther ones use the heuristic
 (seen on the H200: Mixtral T=256 with T=64's 16-row blocks ran at 0.44x of torch._grouped_mm)."""
@@ -48,8 +53,11 @@ def layer_key(experts: int, hidden: int, inter: int, top_k: int, fmt: str) -> st
 
 
 def device_file(device_name: str) -> Path:
-    """The tuned table's path for a device name as torch reports it."""
-    return CONFIG_DIR / (device_name.replace(" ", "_") + ".json")
+    """The tuned table's path for a device name as torch reports it (under ``$MOE_CORE_TRITON_CONFIGS`` if set)."""
+    directory = os.environ.get(CONFIG_DIR_VARIABLE)
+    if directory and not Path(directory).is_dir():
+        raise ValueError(f"${CONFIG_DIR_VARIABLE}={directory!r} is not a directory (tuned tables would go unread)")
+    return (Path(directory) if directory else CONFIG_DIR) / (device_name.replace(" ", "_") + ".json")
 
 
 @functools.cache

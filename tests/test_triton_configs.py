@@ -1,0 +1,38 @@
+"""Tuned block-size tables: where they are read from, which entry serves a token count, when the heuristic does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moe_core.backends.triton.configs import CONFIG_DIR, CONFIG_DIR_VARIABLE, KernelConfig, choose, device_file, heuristic, layer_key
+
+W13 = KernelConfig(32, 128, 64, 8, 8, 5)
+W2 = KernelConfig(32, 64, 128, 4, 4, 2)
+
+
+def _write_table(directory: Path, device: str) -> None:
+    entry = {"w13": W13.as_dict(), "w2": W2.as_dict(), "ms": 0.1}
+    table = {layer_key(8, 1024, 512, 2, "fp8"): {"64": entry}}
+    (directory / (device.replace(" ", "_") + ".json")).write_text(json.dumps(table))
+
+
+def test_the_variable_names_the_table_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert device_file("NVIDIA H200") == CONFIG_DIR / "NVIDIA_H200.json"
+    monkeypatch.setenv(CONFIG_DIR_VARIABLE, str(tmp_path))
+    device = "Test GPU tables"
+    _write_table(tmp_path, device)
+    assert device_file(device) == tmp_path / "Test_GPU_tables.json"
+    for tokens in (32, 64, 128):  # within one doubling of the tuned 64
+        assert choose(device, tokens, 2, 8, 1024, 512, "fp8", False) == (W13, W2)
+    assert choose(device, 512, 2, 8, 1024, 512, "fp8", False) == heuristic(512, 2, 8, 1024, 512, "fp8", False)
+    assert choose(device, 64, 2, 8, 1024, 512, "bf16", False) == heuristic(64, 2, 8, 1024, 512, "bf16", False)
+    assert choose(device, 64, 2, 8, 1024, 512, "fp8", True) == heuristic(64, 2, 8, 1024, 512, "fp8", True)
+
+
+def test_a_missing_directory_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CONFIG_DIR_VARIABLE, str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match="is not a directory"):
+        device_file("Test GPU missing")
