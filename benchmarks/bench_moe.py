@@ -24,7 +24,8 @@ the fraction of the roofline ``max(bytes / copy bandwidth, flops / matmul
 rate) / time`` and the ratio of ``torch._grouped_mm``'s time to this one's.
 The reference backend runs at T <= 16 only. ``--host-overhead`` adds the
 eager per-call time at T=1 minus the graph-replay time. Results go to stdout
-and, with ``--json PATH``, to a file (rewritten after each shape).
+and, with ``--json PATH``, to a file (rewritten after each shape); ``--markdown PATH`` prints such a file
+as a Markdown table.
 """
 
 from __future__ import annotations
@@ -366,7 +367,8 @@ def host_overhead(gen: torch.Generator) -> dict[str, float]:
     }
 
 
-def print_table(rows: list[dict[str, object]]) -> None:
+def print_table(rows: list[dict[str, object]], markdown: bool = False) -> None:
+    """The rows as an aligned text table, or as a Markdown table (for ``benchmarks/RESULTS.md``)."""
     headers = ["shape", "T", "backend", "ms", "TFLOP/s", "GB/s", "roofline", "vs grouped_mm", "err vs reference"]
     lines = [headers]
     for r in rows:
@@ -376,6 +378,11 @@ def print_table(rows: list[dict[str, object]]) -> None:
             f"{r['gbs']:.0f}", f"{r['roofline']:.0%}", "-" if ratio is None else f"{ratio:.2f}x",
             f"{r['rel_err_vs_reference']:.1e}" if "rel_err_vs_reference" in r else "-",
         ])
+    if markdown:
+        lines.insert(1, ["---"] * len(headers))
+        for line in lines:
+            print("| " + " | ".join(line) + " |")
+        return
     widths = [max(len(line[i]) for line in lines) for i in range(len(headers))]
     for index, line in enumerate(lines):
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
@@ -390,7 +397,12 @@ def main() -> None:
     parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, from {', '.join(BACKENDS)}")
     parser.add_argument("--host-overhead", action="store_true")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path, metavar="JSON", help="print a saved --json result as Markdown, run nothing")
     args = parser.parse_args()
+    if args.markdown:
+        saved = json.loads(args.markdown.read_text())
+        print_table(saved["rows"], markdown=True)
+        return
     backends = args.backends.split(",")
     unknown = sorted(set(backends) - set(BACKENDS))
     if unknown:

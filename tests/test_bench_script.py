@@ -1,0 +1,31 @@
+"""The benchmark's table printing, on the CPU: a saved result printed back as the Markdown of RESULTS.md."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_moe
+
+ROWS = [
+    {"shape": "mixtral", "tokens": 1, "backend": "torch._grouped_mm", "ms": 0.34391, "tflops": 2.04, "gbs": 2049.2,
+     "roofline": 0.4812, "vs_grouped_mm": 1.0},
+    {"shape": "mixtral", "tokens": 1, "backend": "triton fp8 static", "ms": 0.12044, "tflops": 5.87, "gbs": 2926.0,
+     "roofline": 0.6831, "vs_grouped_mm": 2.8555, "rel_err_vs_reference": 0.0661},
+]
+
+
+def test_markdown_prints_a_saved_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    saved = tmp_path / "result.json"
+    saved.write_text(json.dumps({"rows": ROWS}))
+    monkeypatch.setattr(sys, "argv", ["bench_moe.py", "--markdown", str(saved)])
+    bench_moe.main()
+    assert capsys.readouterr().out.splitlines() == [
+        "| shape | T | backend | ms | TFLOP/s | GB/s | roofline | vs grouped_mm | err vs reference |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| mixtral | 1 | torch._grouped_mm | 0.3439 | 2.0 | 2049 | 48% | 1.00x | - |",
+        "| mixtral | 1 | triton fp8 static | 0.1204 | 5.9 | 2926 | 68% | 2.86x | 6.6e-02 |",
+    ]
