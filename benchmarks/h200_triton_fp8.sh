@@ -7,7 +7,8 @@
 # so a tuning run's output is used by the steps after it and can be copied back into the repository.
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-results}; mkdir -p "$OUT/configs"; cp -n backends/triton/configs/*.json "$OUT/configs/"
+OUT=${OUT:-results}; mkdir -p "$OUT/configs"
+for table in backends/triton/configs/*.json; do [ -e "$OUT/configs/${table##*/}" ] || cp "$table" "$OUT/configs/"; done
 export MOE_CORE_TRITON_CONFIGS=$(realpath "$OUT/configs")
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(tests deepseek)
 for step in "${steps[@]}"; do

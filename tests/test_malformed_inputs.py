@@ -25,6 +25,7 @@ from moe_core import (
     create_runner,
     select_experts,
 )
+from moe_core._checks import require_finite
 from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
 from moe_core.synthetic import random_dense_layer, random_nvfp4_layer
 
@@ -174,3 +175,19 @@ def test_tensor_holding_classes_compare_by_identity(gen: torch.Generator) -> Non
         (dispatch.topk, select_experts(torch.randn(4, 4, generator=gen), CONFIG)),
     ]:
         assert one == one and one != two and hash(one) != hash(two), type(one).__name__
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn])
+@pytest.mark.parametrize("where", [(0, 0, 0), (3, 7, 5)])
+def test_finite_check_finds_a_bad_value_in_any_expert_slice(
+    gen: torch.Generator, dtype: torch.dtype, where: tuple[int, int, int]
+) -> None:
+    stack = torch.randn(4, 8, 6, generator=gen).to(dtype)
+    require_finite("stack", stack)
+    for bad in (float("nan"), float("inf")) if dtype != torch.float8_e4m3fn else (float("nan"),):  # E4M3FN has no inf
+        broken = stack.clone()
+        broken[where] = bad
+        with pytest.raises(ValueError, match="stack: expected finite values"):
+            require_finite("stack", broken)
+    with pytest.raises(ValueError, match="scale: expected finite values"):
+        require_finite("scale", torch.tensor(float("nan")).to(dtype))
