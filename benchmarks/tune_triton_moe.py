@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_moe import SHAPES, fp8_block_layer, fp8_layer, quantized, random_weights  # noqa: E402
 from moe_core import MoeRunnerConfig, select_experts  # noqa: E402
-from moe_core.backends.triton.configs import KernelConfig, device_file, layer_key  # noqa: E402
+from moe_core.backends.triton.configs import DECODE_ROWS, KernelConfig, device_file, layer_key  # noqa: E402
 from moe_core.backends.triton.quant_info import (  # noqa: E402
     TritonDenseWeights,
     TritonFp8BlockWeights,
@@ -56,8 +56,10 @@ from moe_core.backends.triton.sorting import sort_tokens  # noqa: E402
 
 def candidates(rows_per_expert: float, k: int, fmt: str) -> dict[int, list[KernelConfig]]:
     """Candidate configs by row block, narrowed to the regime (decode, middle, prefill)."""
-    if rows_per_expert <= 16:
+    if rows_per_expert <= DECODE_ROWS / 2:
         block_ms, block_ns, block_ks, warps = [16], [64, 128], [128, 256], [4]
+    elif rows_per_expert <= DECODE_ROWS:
+        block_ms, block_ns, block_ks, warps = [16, 32], [64, 128], [128, 256], [4]
     elif rows_per_expert <= 128:
         block_ms, block_ns, block_ks, warps = [16, 64], [64, 128], [128, 256] if fmt == "fp8" else [64, 128], [4]
     elif fmt == "fp8":

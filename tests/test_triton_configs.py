@@ -36,3 +36,13 @@ def test_a_missing_directory_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv(CONFIG_DIR_VARIABLE, str(tmp_path / "absent"))
     with pytest.raises(ValueError, match="is not a directory"):
         device_file("Test GPU missing")
+
+
+@pytest.mark.parametrize(
+    ("tokens", "block_m", "group_m"), [(1, 16, 1), (16, 16, 1), (32, 16, 1), (48, 32, 8), (64, 32, 8), (256, 64, 8)]
+)
+def test_heuristic_row_blocks_hold_an_experts_decode_rows(tokens: int, block_m: int, group_m: int) -> None:
+    """Mixtral (8 experts, top-2): 16-row blocks up to 8 rows per expert, then 32 rows side by side, then 64."""
+    for fmt in ("bf16", "fp8", "fp8-block", "nvfp4"):
+        for config in heuristic(tokens, 2, 8, 4096, 14336, fmt, False):
+            assert (config.block_m, config.group_m) == (block_m, group_m)

@@ -15,6 +15,7 @@ import torch
 
 from benchmarks.tune_triton_moe import candidates, gemm_case, gemm_for
 from moe_core import MoeRunnerConfig
+from moe_core.backends.triton.configs import KernelConfig
 from moe_core.backends.triton.sorting import sort_tokens
 
 CONFIG = MoeRunnerConfig(num_experts=4, hidden_size=128, intermediate_size_per_partition=128, top_k=2)
@@ -44,7 +45,7 @@ def test_each_format_launches_both_gemms(gen: torch.Generator, fmt: str) -> None
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp8-block", "nvfp4"])
 @pytest.mark.parametrize(
-    ("rows_per_expert", "row_blocks"), [(0.25, {16}), (16.0, {16}), (64.0, {16, 64}), (1024.0, {64, 128})]
+    ("rows_per_expert", "row_blocks"), [(0.25, {16}), (8.0, {16}), (16.0, {16, 32}), (64.0, {16, 64}), (1024.0, {64, 128})]
 )
 def test_candidates_follow_the_regime(fmt: str, rows_per_expert: float, row_blocks: set[int]) -> None:
     """Decode sizes get 16-row blocks, prefill sizes big ones, for every format; block-scaled K tiles stay in a block."""
@@ -55,3 +56,22 @@ def test_candidates_follow_the_regime(fmt: str, rows_per_expert: float, row_bloc
         assert all(c.block_m == block_m and 4096 % c.block_k == 0 for c in configs)
         if fmt == "fp8-block":
             assert all(c.block_k <= 128 for c in configs)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp8-block", "nvfp4"])
+def test_32_row_blocks_grouped_match_16_row_blocks(gen: torch.Generator, fmt: str) -> None:
+    """The decode tiles of 32 rows with GROUP_M=8 compute what 16-row ones do, where experts span several blocks."""
+    hidden, inter = CONFIG.hidden_size, CONFIG.intermediate_size_per_partition
+    w13 = (torch.randn(4, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)).to(torch.bfloat16)
+    w2 = (torch.randn(4, hidden, inter, generator=gen) / math.sqrt(inter)).to(torch.bfloat16)
+    case = gemm_case(fmt, gemm_for(fmt, CONFIG, w13, w2), CONFIG, 40, gen, "cpu")
+    assert int(torch.bincount(case.topk_ids.reshape(-1).long(), minlength=4).max()) > 16
+    outputs = []
+    for config in (KernelConfig(16, 64, 128, 1, 4, 1), KernelConfig(32, 64, 128, 8, 4, 1)):
+        sorted_tokens = sort_tokens(case.topk_ids, 4, 0, config.block_m)
+        case.first(config, sorted_tokens)
+        case.second(config, sorted_tokens)
+        outputs.append((case.inter_out.float().clone(), case.down.float().clone()))
+    for first, second in zip(*outputs):
+        torch.testing.assert_close(second, first, rtol=1e-5, atol=1e-5)
+    assert float(outputs[1][1].abs().max()) > 0
