@@ -24,7 +24,8 @@ import attrs
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 CONFIG_DIR_VARIABLE = "MOE_CORE_TRITON_CONFIGS"
-"""The environment variable naming a directory of tuned tables read instead of :data:`CONFIG_DIR`."""
+"""The environment variable naming a directory of tuned tables read instead of :data:`CONFIG_DIR` (each device's
+table is read once per process, at its first forward: set it before)."""
 MAX_TUNED_DISTANCE = 1.0
 """A tuned entry serves token counts within this many doublings of its own; farther ones use the heuristic
 (seen on the H200: Mixtral T=256 with T=64's 16-row blocks ran at 0.44x of torch._grouped_mm)."""
