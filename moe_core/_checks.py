@@ -67,15 +67,24 @@ def require_finite(name: str, tensor: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected finite values, found NaN or infinity")
 
 
-def _all_finite(tensor: torch.Tensor) -> bool:
-    """Whether every value is finite, one slice of the first dim at a time with one read back.
+FINITE_CHUNK = 1 << 26
+"""Elements the finite check reads at a time: bounds its transient mask (and the float32 copy of one-byte floats)."""
 
-    A weight stack's check then holds one expert's mask, never a float32 copy
-    of the whole stack (DeepSeek-V3's bf16 w13 would take 30 GB); one-byte
-    floats, which ``isfinite`` does not take, are upcast a slice at a time.
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every value is finite, in chunks of whole first-dim slices of at most :data:`FINITE_CHUNK` elements
+    (one slice where a slice is larger), with one read back.
+
+    A weight stack's check then never holds a float32 copy of the whole stack
+    (DeepSeek-V3's bf16 w13 would take 30 GB), and a small tensor is one chunk
+    (one kernel, not one per row); one-byte floats, which ``isfinite`` does
+    not take, are upcast a chunk at a time.
     """
-    slices = tensor.unbind(0) if tensor.dim() > 1 else (tensor,)
-    flags = [torch.isfinite(s.float() if s.element_size() == 1 else s).all() for s in slices]
+    if tensor.dim() == 0 or tensor.numel() <= FINITE_CHUNK:
+        chunks: tuple[torch.Tensor, ...] = (tensor,)
+    else:
+        chunks = tuple(torch.split(tensor, max(1, FINITE_CHUNK // (tensor.numel() // tensor.shape[0]))))
+    flags = [torch.isfinite(c.float() if c.element_size() == 1 else c).all() for c in chunks]
     return bool(torch.stack(flags).all())
 
 

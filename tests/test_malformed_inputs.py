@@ -25,7 +25,8 @@ from moe_core import (
     create_runner,
     select_experts,
 )
-from moe_core._checks import require_finite
+import moe_core._checks
+from moe_core._checks import FINITE_CHUNK, require_finite
 from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
 from moe_core.synthetic import random_dense_layer, random_nvfp4_layer
 
@@ -179,9 +180,11 @@ def test_tensor_holding_classes_compare_by_identity(gen: torch.Generator) -> Non
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn])
 @pytest.mark.parametrize("where", [(0, 0, 0), (3, 7, 5)])
+@pytest.mark.parametrize("chunk", [FINITE_CHUNK, 100, 16], ids=["one-chunk", "two-experts-a-chunk", "one-expert-a-chunk"])
 def test_finite_check_finds_a_bad_value_in_any_expert_slice(
-    gen: torch.Generator, dtype: torch.dtype, where: tuple[int, int, int]
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, where: tuple[int, int, int], chunk: int
 ) -> None:
+    monkeypatch.setattr(moe_core._checks, "FINITE_CHUNK", chunk)
     stack = torch.randn(4, 8, 6, generator=gen).to(dtype)
     require_finite("stack", stack)
     for bad in (float("nan"), float("inf")) if dtype != torch.float8_e4m3fn else (float("nan"),):  # E4M3FN has no inf
