@@ -104,6 +104,11 @@ BLOCK_SHAPES = REAL if CUDA else [(1, 4, 1, 128, 128, 4, 0), (9, 8, 2, 256, 128,
 FP8_BLOCK_TOLERANCE = {torch.float16: 3e-2, torch.bfloat16: 5e-2, torch.float32: 5e-3}
 
 
+def shape_id(shape: tuple[int, ...]) -> str:
+    """A layer shape's test id: tokens, experts, top-k, hidden, intermediate, local experts."""
+    return f"T{shape[0]}-E{shape[1]}-k{shape[2]}-H{shape[3]}-I{shape[4]}-local{shape[5]}"
+
+
 def make_layer(
     gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, activation: Activation = Activation.SILU_GATED
 ) -> tuple[MoeRunnerConfig, DenseMoeWeights, StandardDispatchOutput]:
@@ -122,7 +127,7 @@ def make_layer(
     return config, DenseMoeWeights(w13=w13.to(DEVICE), w2=w2.to(DEVICE)), dispatch
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"T{s[0]}-E{s[1]}-k{s[2]}-H{s[3]}-I{s[4]}-local{s[5]}" for s in SHAPES])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_dense_matches_reference(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype) -> None:
     config, weights, dispatch = make_layer(gen, shape, dtype)
@@ -135,7 +140,7 @@ def test_dense_matches_reference(gen: torch.Generator, shape: tuple[int, ...], d
     assert relative_error(out, expected) < TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"T{s[0]}-E{s[1]}-k{s[2]}-H{s[3]}-I{s[4]}-local{s[5]}" for s in SHAPES])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_nvfp4_w4a16_matches_reference(gen: torch.Generator, shape: tuple[int, ...]) -> None:
     dtype = DTYPES[0]
     config, dense, dispatch = make_layer(gen, shape, dtype)
@@ -153,7 +158,7 @@ def fp8_layers(
     return config, dispatch, DenseMoeWeights(w13=dense.w13.float(), w2=dense.w2.float())
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"T{s[0]}-E{s[1]}-k{s[2]}-H{s[3]}-I{s[4]}-local{s[5]}" for s in SHAPES])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("dtype", FP8_DTYPES, ids=str)
 def test_fp8_per_tensor_static_matches_reference(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype) -> None:
     config, dispatch, dense = fp8_layers(gen, shape, dtype)
@@ -165,7 +170,7 @@ def test_fp8_per_tensor_static_matches_reference(gen: torch.Generator, shape: tu
     assert relative_error(out, expected) < FP8_STATIC_TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"T{s[0]}-E{s[1]}-k{s[2]}-H{s[3]}-I{s[4]}-local{s[5]}" for s in SHAPES])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("dtype", FP8_DTYPES, ids=str)
 def test_fp8_per_channel_dynamic_matches_reference(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype) -> None:
     config, dispatch, dense = fp8_layers(gen, shape, dtype)
@@ -222,7 +227,7 @@ def test_fp8_row_quantization_equals_torch(gen: torch.Generator) -> None:
     assert torch.equal(codes.view(torch.uint8), quantize_fp8(x, static).view(torch.uint8))
 
 
-@pytest.mark.parametrize("shape", BLOCK_SHAPES, ids=[f"T{s[0]}-E{s[1]}-k{s[2]}-H{s[3]}-I{s[4]}-local{s[5]}" for s in BLOCK_SHAPES])
+@pytest.mark.parametrize("shape", BLOCK_SHAPES, ids=shape_id)
 @pytest.mark.parametrize("dtype", FP8_DTYPES, ids=str)
 def test_fp8_block_matches_reference(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype) -> None:
     config, dispatch, dense = fp8_layers(gen, shape, dtype)
