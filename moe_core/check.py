@@ -43,7 +43,14 @@ from moe_core.conversion import FormatInfo, WeightFormat
 from moe_core.dispatch import StandardDispatchOutput
 from moe_core.float64_moe import float64_moe, fp8_per_group_round_trips, fp8_per_token_round_trips, fp8_round_trips, nvfp4_round_trips
 from moe_core.formats import DENSE, FP8, FP8_BLOCK_SCALED, FP8_CHANNEL, NVFP4, NVFP4_W4A16
-from moe_core.moe_weights import DenseMoeWeights, Fp8BlockMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
+from moe_core.moe_weights import (
+    DenseMoeWeights,
+    Fp8BlockMoeWeights,
+    Fp8ChannelMoeWeights,
+    Fp8MoeWeights,
+    Nvfp4MoeWeights,
+    fp8_block_size_refusal,
+)
 from moe_core.registry import BackendEntry, BackendKey, MoeForward
 from moe_core.runner import QuantInfo
 from moe_core.synthetic import quantize_fp8_block_layer, quantize_fp8_channel_layer, quantize_fp8_layer, quantize_nvfp4_layer
@@ -166,17 +173,20 @@ class FormatCheck(Generic[W]):
     independent: Callable[[MoeRunnerConfig, StandardDispatchOutput, W], torch.Tensor]
     """The float64 output the oracle must reproduce."""
     independent_name: str
+    refusal: Callable[[MoeRunnerConfig], str | None] = lambda config: None
+    """Why the format cannot hold a layer of this config's sizes, or ``None`` (most formats hold any)."""
 
     def rows(self, run: CheckRun) -> list[CheckRow]:
         """Rows for weights of this format built from the run's random float32 layer (see :meth:`rows_for`).
 
-        A layer shape the format cannot hold (block-scaled FP8 needs sizes that
-        are multiples of 128) gives one skipped row with the reason.
+        A layer shape the format cannot hold (:attr:`refusal`: block-scaled FP8
+        needs sizes that are multiples of 128) gives one skipped row with the
+        reason; any other failure to build the weights is raised.
         """
-        try:
-            weights = self.build(run.config, run.source, run.dispatch)
-        except ValueError as error:
-            return [CheckRow(self.format.name, self.oracle.name, "-", None, None, None, None, f"skipped: {error}")]
+        refusal = self.refusal(run.config)
+        if refusal is not None:
+            return [CheckRow(self.format.name, self.oracle.name, "-", None, None, None, None, f"skipped: {refusal}")]
+        weights = self.build(run.config, run.source, run.dispatch)
         unquantized = None if run.source is weights else run.source
         return self.rows_for(run, weights, unquantized, "float64 MoE, unquantized weights")
 
@@ -279,7 +289,8 @@ FORMAT_CHECKS: tuple[_Check, ...] = (
         FP8_CHANNEL, REFERENCE_FP8_CHANNEL, quantize_fp8_channel_layer, _fp8_channel_float64, "float64 W8A8 per-token MoE"
     ),
     FormatCheck(
-        FP8_BLOCK_SCALED, REFERENCE_FP8_BLOCK, quantize_fp8_block_layer, _fp8_block_float64, "float64 W8A8 1x128-group MoE"
+        FP8_BLOCK_SCALED, REFERENCE_FP8_BLOCK, quantize_fp8_block_layer, _fp8_block_float64, "float64 W8A8 1x128-group MoE",
+        lambda config: fp8_block_size_refusal(config.hidden_size, config.intermediate_size_per_partition),
     ),
 )
 """The formats ``moe-core check`` knows how to check; a new format adds one entry."""

@@ -236,6 +236,17 @@ class Fp8ChannelMoeWeights(_ExpertSizes):
         return DenseMoeWeights(w13=self.w13.dequantize(dtype), w2=self.w2.dequantize(dtype))
 
 
+def fp8_block_size_refusal(hidden: int, inter: int) -> str | None:
+    """Why block-scaled FP8 cannot hold a layer of hidden size ``hidden`` and intermediate size ``inter`` (both must
+    be multiples of 128), or ``None`` where it can."""
+    if hidden % FP8_BLOCK or inter % FP8_BLOCK:
+        return (
+            f"Fp8BlockMoeWeights: expected hidden and intermediate sizes that are multiples of {FP8_BLOCK}, "
+            f"got {hidden} and {inter}"
+        )
+    return None
+
+
 @final
 @attrs.frozen(eq=False, kw_only=True)
 class Fp8BlockMoeWeights(_ExpertSizes):
@@ -257,11 +268,9 @@ class Fp8BlockMoeWeights(_ExpertSizes):
                 raise TypeError(f"Fp8BlockMoeWeights.{name}: expected Fp8BlockExpertWeights, got {type(weights).__name__}")
         _check_expert_shapes("Fp8BlockMoeWeights", self.w13.shape, self.w2.shape)
         _, hidden, inter = self.w2.shape
-        if hidden % FP8_BLOCK or inter % FP8_BLOCK:
-            raise ValueError(
-                f"Fp8BlockMoeWeights: expected hidden and intermediate sizes that are multiples of {FP8_BLOCK}, "
-                f"got {hidden} and {inter}"
-            )
+        refusal = fp8_block_size_refusal(hidden, inter)
+        if refusal is not None:
+            raise ValueError(refusal)
         require_same_device([("w13", self.w13.codes), ("w2", self.w2.codes)])
 
     @property

@@ -9,10 +9,16 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 import pytest
+import torch
 
-from moe_core import registry
+from moe_core import DenseMoeWeights, Fp8MoeWeights, MoeRunnerConfig, StandardDispatchOutput, registry
+from moe_core.backends.reference import REFERENCE_FP8
+from moe_core.check import FORMAT_CHECKS, CheckRun, FormatCheck
 from moe_core.cli import format_table, main
+from moe_core.formats import FP8
+from moe_core.moe_weights import fp8_block_size_refusal
 from moe_core.registry import ENTRY_POINT_GROUP
+from moe_core.synthetic import random_dense_layer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SMALL = ["--tokens", "6", "--experts", "4", "--hidden", "32", "--intermediate", "32", "--iters", "1"]
@@ -197,3 +203,21 @@ def test_check_checkpoint_errors(capsys: pytest.CaptureFixture[str], tmp_path: P
         with pytest.raises(SystemExit):
             main(["check", *argv])
         assert message in capsys.readouterr().err
+
+
+def test_check_skips_only_the_sizes_a_format_refuses() -> None:
+    """A size the format refuses is one skipped row; any other failure to build the weights is raised, not skipped."""
+    config = MoeRunnerConfig(num_experts=4, hidden_size=32, intermediate_size_per_partition=256, top_k=2)
+    dense, dispatch = random_dense_layer(config, 3, torch.float32, torch.device("cpu"), 0)
+    run = CheckRun(config, dense, dispatch, (), 0.05, 1, lambda line: None)
+    (block,) = [check for check in FORMAT_CHECKS if check.format.name == "fp8-block"]
+    (row,) = block.rows(run)
+    assert row.verdict == f"skipped: {fp8_block_size_refusal(32, 256)}"
+    assert fp8_block_size_refusal(128, 256) is None and "got 32 and 256" in row.verdict
+
+    def broken(config: MoeRunnerConfig, dense: DenseMoeWeights, dispatch: StandardDispatchOutput) -> Fp8MoeWeights:
+        raise ValueError("a bug in the build")
+
+    check = FormatCheck(FP8, REFERENCE_FP8, broken, lambda config, dispatch, weights: dispatch.hidden_states, "none")
+    with pytest.raises(ValueError, match="a bug in the build"):
+        check.rows(run)
