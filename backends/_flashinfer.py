@@ -23,7 +23,8 @@ from collections.abc import Callable, Collection, Iterable
 import attrs
 import torch
 
-from moe_core import Availability
+from moe_core.capability import DeviceSpec, LayerSpec, Support
+from moe_core.config import Activation
 from moe_core._checks import require_dtype, require_ndim, require_positive, require_tensor
 
 DISTRIBUTION = "flashinfer-python"
@@ -41,16 +42,16 @@ class BackendUnavailableError(RuntimeError):
     """A FlashInfer runner was asked for where its backend cannot run; the message gives every reason."""
 
 
-def require_available(name: str, availability: Callable[[torch.device], Availability]) -> None:
+def require_available(name: str, device_support: Callable[[DeviceSpec], Support]) -> None:
     """Raise :class:`BackendUnavailableError` unless backend ``name`` runs on the current device.
 
     Runner factories call it, so ``create_runner`` says why (compute capability,
     missing package, cubins) instead of failing inside a kernel launch.
     """
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    verdict = availability(device)
+    verdict = device_support(DeviceSpec.of(device))
     if not verdict.ok:
-        raise BackendUnavailableError(f"{name} cannot run on {device}: {'; '.join(verdict.reasons)}")
+        raise BackendUnavailableError(f"{name} cannot run on {device}: {verdict.describe()}")
 
 
 def installed_version() -> str | None:
@@ -65,30 +66,45 @@ def _format_capability(capability: tuple[int, int]) -> str:
     return f"SM{capability[0]}{capability[1]}"
 
 
-def device_reasons(device: torch.device, capabilities: Collection[tuple[int, int]], *, minimum: bool) -> list[str]:
+def device_reasons(device: DeviceSpec, capabilities: Collection[tuple[int, int]], *, minimum: bool) -> list[str]:
     """Why FlashInfer kernels built for ``capabilities`` cannot run on ``device`` (empty when they can).
 
     ``minimum`` reads ``capabilities`` as one lower bound (``{(9, 0)}``: SM90
     and later) instead of the exact list the kernels are built for.
     """
     reasons = []
-    if importlib.util.find_spec("flashinfer") is None:
+    if not device.has("flashinfer"):
         reasons.append(f"flashinfer is not installed (pip install 'moe-core[flashinfer]', {DISTRIBUTION}{SUPPORTED})")
     wanted = (
         f"{_format_capability(min(capabilities))} or later"
         if minimum
         else " or ".join(_format_capability(c) for c in sorted(capabilities))
     )
-    if device.type != "cuda":
-        reasons.append(f"needs a CUDA GPU of {wanted}, not {device.type}")
-    elif not torch.cuda.is_available():
+    if device.kind != "cuda":
+        reasons.append(f"needs a CUDA GPU of {wanted}, not {device.kind}")
+    elif device.capability is None:
         reasons.append(f"needs a CUDA GPU of {wanted}; torch sees none")
     else:
-        found = torch.cuda.get_device_capability(device)
+        found = device.capability
         fits = found >= min(capabilities) if minimum else found in capabilities
         if not fits:
-            reasons.append(f"needs {wanted}, found {_format_capability(found)} ({torch.cuda.get_device_name(device)})")
+            reasons.append(f"needs {wanted}, found {device.describe()}")
     return reasons
+
+
+def swiglu_only(layer: LayerSpec) -> list[str]:
+    """Why a FlashInfer MoE kernel cannot compute ``layer``: they are built for gated SiLU (SwiGLU) here."""
+    activation = layer.config.activation
+    if activation is not Activation.SILU_GATED:
+        return [f"the adapter passes SwiGLU only, not {activation.value}"]
+    return []
+
+
+def row_alignment_reasons(layer: LayerSpec) -> list[str]:
+    """Why ``layer``'s sizes do not fit the FP4 kernels' 128-row tiles (empty when they do)."""
+    config = layer.config
+    sizes = {"hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size_per_partition}
+    return [f"{name} must be a multiple of {ROW_ALIGNMENT}, got {size}" for name, size in sizes.items() if size % ROW_ALIGNMENT]
 
 
 ROW_ALIGNMENT = 128

@@ -39,7 +39,6 @@ from moe_core import (
     FP8_CHANNEL,
     NVFP4,
     NVFP4_W4A16,
-    Availability,
     BackendKey,
     Conversion,
     DenseMoeWeights,
@@ -51,12 +50,14 @@ from moe_core import (
     MoeRunnerConfig,
     Nvfp4MoeWeights,
     Nvfp4Tensor,
+    Nvfp4W4A16MoeWeights,
     QuantInfo,
     QuantizeGlobalScale,
     check_run_inputs,
     check_run_values,
     register_backend,
 )
+from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.fp8 import fake_quantize_fp8, fake_quantize_fp8_per_group, fake_quantize_fp8_per_token
 
 ExpertMlp = Callable[[int, torch.Tensor], torch.Tensor]
@@ -129,7 +130,7 @@ class ReferenceNvfp4W4A16Runner:
 
     config: MoeRunnerConfig
 
-    def run(self, dispatch: DispatchOutput, quant_info: Nvfp4MoeWeights, /) -> torch.Tensor:
+    def run(self, dispatch: DispatchOutput, quant_info: Nvfp4W4A16MoeWeights, /) -> torch.Tensor:
         """The ``[T, H]`` MoE output."""
 
         def mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
@@ -192,15 +193,28 @@ class ReferenceFp8BlockRunner:
         return run_experts(self.config, dispatch, quant_info, mlp)
 
 
-def reference_availability(device: torch.device) -> Availability:
-    """Available wherever torch can allocate a tensor that holds data."""
-    if device.type == "meta":
-        return Availability.unavailable("meta tensors hold no values to compute with")
-    try:
-        torch.empty(1, device=device)
-    except (RuntimeError, AssertionError) as error:
-        return Availability.unavailable(f"torch cannot allocate on {device}: {error}")
-    return Availability.available()
+def reference_device_support(device: DeviceSpec) -> Support:
+    """Wherever torch can allocate a tensor that holds data."""
+    if device.kind == "meta":
+        return Support.no("meta tensors hold no values to compute with")
+    if device.kind == "cuda" and device.capability is None:
+        return Support.no("torch sees no CUDA device")
+    if device.live and device.kind not in ("cpu", "cuda"):
+        try:
+            torch.empty(1, device=device.kind)
+        except (RuntimeError, AssertionError) as error:
+            return Support.no(f"torch cannot allocate on {device.kind}: {error}")
+    return Support.yes()
+
+
+def reference_supports(device: DeviceSpec, layer: LayerSpec) -> Support:
+    """Any layer where torch computes (every activation and routing method: it computes them from the config, and
+    takes any top-k)."""
+    return reference_device_support(device)
+
+
+ORACLE = Priority(Tier.ORACLE)
+"""Every reference ranks last: it is the truth kernels are checked against, not what an engine serves with."""
 
 
 def _dense_as_is(weights: DenseMoeWeights) -> DenseMoeWeights:
@@ -208,6 +222,10 @@ def _dense_as_is(weights: DenseMoeWeights) -> DenseMoeWeights:
 
 
 def _nvfp4_as_is(weights: Nvfp4MoeWeights) -> Nvfp4MoeWeights:
+    return weights
+
+
+def _nvfp4_w4a16_as_is(weights: Nvfp4W4A16MoeWeights) -> Nvfp4W4A16MoeWeights:
     return weights
 
 
@@ -227,7 +245,8 @@ REFERENCE_DENSE: BackendKey[DenseMoeWeights] = register_backend(
     "reference-dense",
     description="PyTorch, unquantized weights, float32 math",
     factory=ReferenceDenseRunner,
-    availability=reference_availability,
+    supports=reference_supports,
+    priority=ORACLE,
     conversions=[Conversion(DENSE, _dense_as_is)],
 )
 """The oracle of the dense format."""
@@ -236,7 +255,8 @@ REFERENCE_NVFP4: BackendKey[Nvfp4MoeWeights] = register_backend(
     "reference-nvfp4",
     description="PyTorch, NVFP4 W4A4 (FP4 activations), float32 math",
     factory=ReferenceNvfp4Runner,
-    availability=reference_availability,
+    supports=reference_supports,
+    priority=ORACLE,
     conversions=[Conversion(NVFP4, _nvfp4_as_is)],
 )
 """The oracle of the NVFP4 format."""
@@ -245,7 +265,8 @@ REFERENCE_FP8: BackendKey[Fp8MoeWeights] = register_backend(
     "reference-fp8",
     description="PyTorch, FP8 W8A8 (static per-tensor scales), float32 math",
     factory=ReferenceFp8Runner,
-    availability=reference_availability,
+    supports=reference_supports,
+    priority=ORACLE,
     conversions=[Conversion(FP8, _fp8_as_is)],
 )
 """The oracle of the FP8 format."""
@@ -254,7 +275,8 @@ REFERENCE_FP8_CHANNEL: BackendKey[Fp8ChannelMoeWeights] = register_backend(
     "reference-fp8-channel",
     description="PyTorch, FP8 W8A8 (per-channel weights, dynamic per-token activations), float32 math",
     factory=ReferenceFp8ChannelRunner,
-    availability=reference_availability,
+    supports=reference_supports,
+    priority=ORACLE,
     conversions=[Conversion(FP8_CHANNEL, _fp8_channel_as_is)],
 )
 """The oracle of the per-channel FP8 format."""
@@ -263,16 +285,18 @@ REFERENCE_FP8_BLOCK: BackendKey[Fp8BlockMoeWeights] = register_backend(
     "reference-fp8-block",
     description="PyTorch, FP8 W8A8 (128x128 block weights, dynamic 1x128 activation groups), float32 math",
     factory=ReferenceFp8BlockRunner,
-    availability=reference_availability,
+    supports=reference_supports,
+    priority=ORACLE,
     conversions=[Conversion(FP8_BLOCK_SCALED, _fp8_block_as_is)],
 )
 """The oracle of the block-scaled FP8 format."""
 
-REFERENCE_NVFP4_W4A16: BackendKey[Nvfp4MoeWeights] = register_backend(
+REFERENCE_NVFP4_W4A16: BackendKey[Nvfp4W4A16MoeWeights] = register_backend(
     "reference-nvfp4-w4a16",
     description="PyTorch, NVFP4 weights with unquantized activations (W4A16), float32 math",
     factory=ReferenceNvfp4W4A16Runner,
-    availability=reference_availability,
-    conversions=[Conversion(NVFP4_W4A16, _nvfp4_as_is)],
+    supports=reference_supports,
+    priority=ORACLE,
+    conversions=[Conversion(NVFP4_W4A16, _nvfp4_w4a16_as_is)],
 )
 """The oracle of the NVFP4 W4A16 format."""

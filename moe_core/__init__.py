@@ -9,7 +9,7 @@ the quant info is the one that backend takes.
 
 from moe_core.block_scales import LinearBlockScales, SwizzledBlockScales
 from moe_core.config import Activation, MoeRunnerConfig, RoutingMethod
-from moe_core.conversion import AnyConversion, Conversion, FormatInfo, WeightFormat
+from moe_core.conversion import AnyConversion, Conversion, Degradation, FormatInfo, WeightFormat
 from moe_core.dispatch import DispatchFormat, DispatchOutput, StandardDispatchOutput, TopKOutput
 from moe_core.formats import DENSE, FP8, FP8_BLOCK_SCALED, FP8_CHANNEL, NVFP4, NVFP4_W4A16
 from moe_core.fp8 import (
@@ -29,21 +29,33 @@ from moe_core.global_scales import (
     ExpertScalePolicy,
     QuantizeGlobalScale,
 )
-from moe_core.moe_weights import DenseMoeWeights, Fp8BlockMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
+from moe_core.moe_weights import (
+    DenseMoeWeights,
+    Fp8BlockMoeWeights,
+    Fp8ChannelMoeWeights,
+    Fp8MoeWeights,
+    Nvfp4MoeWeights,
+    Nvfp4W4A16MoeWeights,
+)
 from moe_core.nvfp4 import GateUpScalePolicy, Nvfp4Arithmetic, Nvfp4ExpertWeights, Nvfp4GateUpWeights, Nvfp4Tensor
+from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.registry import (
-    Availability,
     BackendChoice,
     BackendEntry,
     BackendKey,
     BackendSelectionError,
     BoundRunner,
+    Considered,
+    DegradedRoute,
     FormatRoute,
     MoeForward,
     Route,
     Selection,
+    candidates,
+    choose,
     create_runner,
-    load_entry_point_backends,
+    discover_backends,
+    plugin_errors,
     register_backend,
     registered_backends,
     select_backend,
@@ -60,15 +72,18 @@ __all__ = [
     "NVFP4_W4A16",
     "Activation",
     "AnyConversion",
-    "Availability",
     "BackendChoice",
     "BackendEntry",
     "BackendKey",
     "BackendSelectionError",
     "BoundRunner",
+    "Considered",
     "Conversion",
+    "Degradation",
+    "DegradedRoute",
     "DenseMoeWeights",
     "DequantizeGlobalScale",
+    "DeviceSpec",
     "DispatchFormat",
     "DispatchOutput",
     "ExpertDequantizeGlobalScales",
@@ -88,6 +103,7 @@ __all__ = [
     "Fp8TensorScale",
     "FormatRoute",
     "GateUpScalePolicy",
+    "LayerSpec",
     "LinearBlockScales",
     "MoeForward",
     "MoeRunnerConfig",
@@ -95,7 +111,9 @@ __all__ = [
     "Nvfp4ExpertWeights",
     "Nvfp4GateUpWeights",
     "Nvfp4MoeWeights",
+    "Nvfp4W4A16MoeWeights",
     "Nvfp4Tensor",
+    "Priority",
     "QuantInfo",
     "QuantizeGlobalScale",
     "Route",
@@ -103,13 +121,18 @@ __all__ = [
     "Runner",
     "Selection",
     "StandardDispatchOutput",
+    "Support",
     "SwizzledBlockScales",
+    "Tier",
     "TopKOutput",
     "WeightFormat",
     "check_run_inputs",
     "check_run_values",
+    "candidates",
+    "choose",
     "create_runner",
-    "load_entry_point_backends",
+    "discover_backends",
+    "plugin_errors",
     "register_backend",
     "registered_backends",
     "select_backend",

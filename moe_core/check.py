@@ -38,6 +38,7 @@ from moe_core.backends.reference import (
     REFERENCE_NVFP4,
     REFERENCE_NVFP4_W4A16,
 )
+from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.config import MoeRunnerConfig
 from moe_core.conversion import FormatInfo, WeightFormat
 from moe_core.dispatch import StandardDispatchOutput
@@ -49,6 +50,7 @@ from moe_core.moe_weights import (
     Fp8ChannelMoeWeights,
     Fp8MoeWeights,
     Nvfp4MoeWeights,
+    Nvfp4W4A16MoeWeights,
     fp8_block_size_refusal,
 )
 from moe_core.registry import BackendEntry, BackendKey, MoeForward
@@ -139,9 +141,17 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def errors(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
-    """Relative l2 error and max abs error of ``actual`` against ``expected``, in float64."""
+    """Relative l2 error and max abs error of ``actual`` against ``expected``, in float64.
+
+    Against an all-zero ``expected`` the relative error is 0 where ``actual``
+    is all zero too and infinite otherwise (never NaN: a verdict must say
+    whether the two agree).
+    """
     diff = actual.detach().cpu().double() - expected.cpu().double()
-    return float(diff.norm() / expected.cpu().double().norm()), float(diff.abs().max())
+    norm, worst = float(expected.cpu().double().norm()), float(diff.abs().max())
+    if norm == 0:
+        return (0.0 if worst == 0 else float("inf")), worst
+    return float(diff.norm()) / norm, worst
 
 
 @final
@@ -220,10 +230,11 @@ class FormatCheck(Generic[W]):
             return CheckRow(self.format.name, backend.name, self.oracle.name, rel, worst, run.tolerance, timing, verdict)
 
         dispatch = run.dispatch
-        availability = backend.availability(dispatch.hidden_states.device)
-        if not availability.ok:
-            prefix = "FAILED" if availability.broken else "unavailable"
-            return row(f"{prefix}: {'; '.join(availability.reasons)}")
+        layer = LayerSpec(run.config, self.format, dispatch.hidden_states.dtype)
+        support = backend.supports(DeviceSpec.of(dispatch.hidden_states.device), layer)
+        if not support.ok:
+            prefix = "FAILED" if support.broken else "unsupported"
+            return row(f"{prefix}: {support.describe()}")
         run.progress(f"{self.format.name}: running {backend.name}")
         try:
             out, timing = time_forward(backend.route(self.format).bind(run.config, weights), dispatch, run.min_calls)
@@ -276,14 +287,18 @@ def _fp8_block_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput
     return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), fp8_per_group_round_trips())
 
 
-def _w4a16_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Nvfp4MoeWeights) -> torch.Tensor:
+def _w4a16_weights(config: MoeRunnerConfig, source: DenseMoeWeights, dispatch: StandardDispatchOutput) -> Nvfp4W4A16MoeWeights:
+    return quantize_nvfp4_layer(config, source, dispatch).without_activation_quantization()
+
+
+def _w4a16_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Nvfp4W4A16MoeWeights) -> torch.Tensor:
     return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize())
 
 
 FORMAT_CHECKS: tuple[_Check, ...] = (
     FormatCheck(DENSE, REFERENCE_DENSE, _dense_weights, _dense_float64, "float64 MoE"),
     FormatCheck(NVFP4, REFERENCE_NVFP4, quantize_nvfp4_layer, _nvfp4_float64, "float64 W4A4 MoE"),
-    FormatCheck(NVFP4_W4A16, REFERENCE_NVFP4_W4A16, quantize_nvfp4_layer, _w4a16_float64, "float64 MoE, dequantized"),
+    FormatCheck(NVFP4_W4A16, REFERENCE_NVFP4_W4A16, _w4a16_weights, _w4a16_float64, "float64 MoE, dequantized"),
     FormatCheck(FP8, REFERENCE_FP8, quantize_fp8_layer, _fp8_float64, "float64 W8A8 MoE"),
     FormatCheck(
         FP8_CHANNEL, REFERENCE_FP8_CHANNEL, quantize_fp8_channel_layer, _fp8_channel_float64, "float64 W8A8 per-token MoE"

@@ -22,7 +22,7 @@ from safetensors import safe_open
 
 from moe_core.config import MoeRunnerConfig, RoutingMethod
 from moe_core.expert_params import ExpertShard
-from moe_core.scheme import MoeScheme, SchemeSpec, UnsupportedCheckpoint
+from moe_core.scheme import MoeScheme, SchemeOptions, SchemeSpec, UnsupportedCheckpoint
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -226,17 +226,25 @@ class MoeCheckpoint:
         device: torch.device = torch.device("cpu"),
         config: MoeRunnerConfig | None = None,
         scheme: SchemeSpec | None = None,
+        backend: str | None = None,
+        strict: bool = False,
+        keep_canonical: bool = False,
     ) -> MoeScheme:
         """Layer ``layer`` through its scheme: created, loaded expert by expert, processed, ready to apply.
 
         ``config`` defaults to :meth:`runner_config` (all experts local);
-        ``scheme`` to :meth:`scheme`. :meth:`load_into` does the same for a
-        scheme object the caller made (and keeps its type).
+        ``scheme`` to :meth:`scheme`; ``backend`` names one (default: chosen
+        by capability), ``strict`` forbids degradation between formats,
+        ``keep_canonical`` keeps the canonical weights beside the backend's.
+        :meth:`load_into` does the same for a scheme object the caller made
+        (and keeps its type).
         """
         spec = self.scheme() if scheme is None else scheme
-        return self.load_into(layer, spec.for_layer(self.runner_config() if config is None else config, device, self.dtype))
+        options = SchemeOptions(backend=backend, strict=strict)
+        made = spec.for_layer(self.runner_config() if config is None else config, device, self.dtype, options)
+        return self.load_into(layer, made, keep_canonical=keep_canonical)
 
-    def load_into(self, layer: int, scheme: S) -> S:
+    def load_into(self, layer: int, scheme: S, *, keep_canonical: bool = False) -> S:
         """Hand ``layer``'s expert tensors to ``scheme``'s loader one at a time, then process them; returns ``scheme``.
 
         A tensor the scheme refuses is reported by its name in the checkpoint.
@@ -251,7 +259,7 @@ class MoeCheckpoint:
                 short, message = f"experts.{expert}.{shard.projection}.{name}", str(error)
                 raise type(error)(key + message[len(short):] if message.startswith(short) else f"{key}: {message}") from None
         try:
-            scheme.process_weights_after_loading()
+            scheme.process_weights_after_loading(keep_canonical=keep_canonical)
         except (TypeError, ValueError) as error:
             raise type(error)(f"{self.block_prefix(layer)} of {self.directory}: {error}") from None
         return scheme

@@ -11,6 +11,7 @@ third-party backends show up too.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections.abc import Sequence
@@ -18,22 +19,19 @@ from pathlib import Path
 
 import torch
 
-from moe_core.backends.reference import reference_availability
+from moe_core.capability import DeviceSpec
+from moe_core.backends.reference import reference_device_support
 from moe_core.check import FORMAT_CHECKS, CheckRow, CheckRun, unchecked_formats
 from moe_core.check import __doc__ as CHECK_DOC
 from moe_core.checkpoint import MoeCheckpoint
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput
 from moe_core.moe_weights import DenseMoeWeights, Nvfp4MoeWeights
-from moe_core.registry import (
-    ENTRY_POINT_GROUP,
-    BackendSelectionError,
-    load_entry_point_backends,
-    registered_backends,
-    select_backend,
-)
+from moe_core.registry import plugin_errors as registry_plugin_errors
+from moe_core.registry import registered_backends
 from moe_core.routing import select_experts
 from moe_core.schemes import SCHEMES
+from moe_core.selection_table import INFO_LAYER, CandidateRow, broken_backends, candidate_rows
 from moe_core.synthetic import random_dense_layer
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -55,6 +53,13 @@ def _device(text: str) -> torch.device:
         return torch.device(text)
     except RuntimeError as error:
         raise argparse.ArgumentTypeError(f"expected a torch device, got {text!r} ({error})") from None
+
+
+def _device_spec(text: str) -> DeviceSpec:
+    try:
+        return DeviceSpec.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _int_at_least(text: str, minimum: int, what: str) -> int:
@@ -96,35 +101,44 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _info(device: torch.device, plugin_errors: dict[str, str]) -> int:
-    rows = []
-    broken = False
-    for backend in registered_backends():
-        availability = backend.availability(device)
-        broken = broken or availability.broken
-        status = "broken" if availability.broken else "yes" if availability.ok else "no"
-        formats = ", ".join(fmt.name for fmt in backend.formats) or "-"
-        rows.append([backend.name, status, formats, "; ".join(availability.reasons) or "-", backend.description])
-    print(f"moe-core backends on {device} (torch {torch.__version__})")
-    print(format_table(["backend", "available", "formats", "reasons", "description"], rows))
-    for name, error in plugin_errors.items():
-        print(f"entry point {name!r} ({ENTRY_POINT_GROUP}) failed to load: {error}")
-    print(f"\nmoe-core schemes on {device}: the backend each would choose here, in its preference order")
-    print(format_table(["scheme", "format", "would run on", "choices (preference order)"], _scheme_rows(device)))
-    return 1 if plugin_errors or broken else 0
+def _info(device: DeviceSpec, as_json: bool) -> int:
+    rows = candidate_rows(device)
+    broken = broken_backends(device)
+    for name, reason in broken:
+        _progress(f"warning: backend {name} is broken: {reason}")
+    if as_json:
+        print(json.dumps([row.as_json() for row in rows], indent=1))
+        return 1 if broken else 0
+    layer = INFO_LAYER
+    print(
+        f"moe-core on {device.describe()} (torch {torch.__version__}): each format's candidates in rank order, "
+        f"for a layer of {layer.num_experts} experts, top {layer.top_k}, hidden {layer.hidden_size}, "
+        f"intermediate {layer.intermediate_size_per_partition}, bf16; * marks the one chosen"
+    )
+    table = [
+        [
+            row.format,
+            ("* " if row.chosen else "  ") + row.backend,
+            row.tier,
+            "ok" if row.supported else "; ".join(row.reasons),
+            row.degradation or "-",
+        ]
+        for row in rows
+    ]
+    print(format_table(["format", "backend", "tier", "supports", "degradation"], table))
+    print(f"\nmoe-core schemes on {device.describe()}: the backend each would run its layers on")
+    print(format_table(["scheme", "format", "would run on"], _scheme_rows(rows)))
+    return 1 if broken else 0
 
 
-def _scheme_rows(device: torch.device) -> list[list[str]]:
-    rows = []
+def _scheme_rows(rows: Sequence[CandidateRow]) -> list[list[str]]:
+    chosen = {row.format: row for row in rows if row.chosen}
+    table = []
     for spec in SCHEMES:
-        choices = spec.preference()
-        names = ", ".join(choice.name for choice in choices) or "-"
-        try:
-            chosen = select_backend(choices, device).chosen.name
-        except BackendSelectionError as error:
-            chosen = f"none: {error}"
-        rows.append([spec.name, spec.format.name, chosen, names])
-    return rows
+        row = chosen.get(spec.format.name)
+        where = "nothing fits" if row is None else row.backend + (f" (degraded: {row.degradation})" if row.degradation else "")
+        table.append([spec.name, spec.format.name, where])
+    return table
 
 
 def _number(value: float | None, spec: str) -> str:
@@ -225,8 +239,16 @@ def _check_checkpoint(args: argparse.Namespace, plugin_errors: dict[str, str]) -
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="moe-core", description=(__doc__ or "").splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    info = commands.add_parser("info", help="list registered backends, their formats and availability")
-    info.add_argument("--device", type=_device, default=torch.device("cpu"), help="device to ask about (cpu)")
+    info = commands.add_parser(
+        "info", help="each format's candidate backends on a device, their answers, and the one chosen"
+    )
+    info.add_argument(
+        "--device",
+        type=_device_spec,
+        default=DeviceSpec.parse("cpu"),
+        help="a device here (cpu, cuda:0) or described (sm90, sm100; +pkg/-pkg: with or without a package) (cpu)",
+    )
+    info.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     check = commands.add_parser(
         "check",
         help="check the references and every available backend on a random MoE layer",
@@ -284,12 +306,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check":
         _resolve_sizes(parser, args)
-    plugin_errors = {name: error for name, error in load_entry_point_backends().items() if error is not None}
+    if args.command == "info":
+        return _info(args.device, args.json)
+    plugin_errors = registry_plugin_errors()
     for name, error in plugin_errors.items():
         _progress(f"warning: backend entry point {name!r} failed to load: {error}")
-    if args.command == "info":
-        return _info(args.device, plugin_errors)
-    reference = reference_availability(args.device)
+    reference = reference_device_support(DeviceSpec.of(args.device))
     if not reference.ok:
         print(f"moe-core check: the reference backends cannot run on {args.device}: {'; '.join(reference.reasons)}",
               file=sys.stderr)

@@ -127,6 +127,7 @@ class ExpertParams:
             self._w13[spec.name] = torch.empty((experts, 2, *gate_shape), dtype=spec.dtype, device=device)
             self._w2[spec.name] = torch.empty((experts, *down_shape), dtype=spec.dtype, device=device)
         self._loaded = {name: torch.zeros(experts, 3, dtype=torch.bool) for name in self.specs}
+        self._released = False
 
     def load(self, name: str, tensor: torch.Tensor, *, expert_id: int, shard: ExpertShard) -> bool:
         """Copy one checkpoint tensor in; False (nothing copied) for an expert of another rank.
@@ -158,6 +159,7 @@ class ExpertParams:
         local = expert_id - config.local_expert_offset
         if not 0 <= local < config.num_local_experts:
             return False
+        self._require_held()
         value = tensor.reshape(expected)
         if shard is ExpertShard.DOWN:
             self._w2[name][local].copy_(value)
@@ -185,15 +187,28 @@ class ExpertParams:
                 f"{self.scheme}: {len(missing)} checkpoint tensors were never loaded: {', '.join(missing[:5])}{more}"
             )
 
+    def release(self) -> None:
+        """Drop every tensor (after the scheme built its weights from them), so the layer holds one copy of its
+        weights: the backend's. Loading or reading after this raises."""
+        self._w13.clear()
+        self._w2.clear()
+        self._released = True
+
+    def _require_held(self) -> None:
+        if self._released:
+            raise RuntimeError(f"{self.scheme}: the checkpoint parameters were released after processing the weights")
+
     def gate_up(self, name: str) -> torch.Tensor:
         """``w13``'s tensor ``name``, ``[E_local, 2, *shape]`` (gate at index 0, up at 1)."""
+        self._require_held()
         return self._w13[name]
 
     def down(self, name: str) -> torch.Tensor:
         """``w2``'s tensor ``name``, ``[E_local, *shape]``."""
+        self._require_held()
         return self._w2[name]
 
     def gate_up_fused(self, name: str) -> torch.Tensor:
         """``w13``'s tensor ``name`` with the halves' rows fused, ``[E_local, 2 * out, in']`` (matrix layouts)."""
-        tensor = self._w13[name]
+        tensor = self.gate_up(name)
         return tensor.reshape(tensor.shape[0], 2 * tensor.shape[2], *tensor.shape[3:])

@@ -170,6 +170,42 @@ class Nvfp4MoeWeights(_ExpertSizes):
         """The dense weights the codes stand for (the input scales are dropped)."""
         return DenseMoeWeights(w13=self.w13.dequantize(dtype), w2=self.w2.dequantize(dtype))
 
+    def without_activation_quantization(self) -> Nvfp4W4A16MoeWeights:
+        """The same weights (shared, not copied) for 16-bit activations: the W4A4 -> W4A16 degradation."""
+        return Nvfp4W4A16MoeWeights(w13=self.w13, w2=self.w2)
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class Nvfp4W4A16MoeWeights(_ExpertSizes):
+    """NVFP4 expert weights run with bf16/fp16 activations (W4A16): no input scales, nothing quantizes activations.
+
+    A different computation from :class:`Nvfp4MoeWeights` (W4A4), so a
+    different type: a W4A4 quant info cannot reach a W4A16 runner, nor the
+    reverse, without the named step
+    :meth:`Nvfp4MoeWeights.without_activation_quantization`.
+    """
+
+    w13: Nvfp4GateUpWeights
+    w2: Nvfp4ExpertWeights
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.w13, Nvfp4GateUpWeights):
+            raise TypeError(f"Nvfp4W4A16MoeWeights.w13: expected Nvfp4GateUpWeights, got {type(self.w13).__name__}")
+        if not isinstance(self.w2, Nvfp4ExpertWeights):
+            raise TypeError(f"Nvfp4W4A16MoeWeights.w2: expected Nvfp4ExpertWeights, got {type(self.w2).__name__}")
+        _check_expert_shapes("Nvfp4W4A16MoeWeights", self.w13.shape, self.w2.shape)
+        require_same_device([("w13", self.w13.gate.packed), ("w2", self.w2.packed)])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.w2.packed.device
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> DenseMoeWeights:
+        """The dense weights the codes stand for."""
+        return DenseMoeWeights(w13=self.w13.dequantize(dtype), w2=self.w2.dequantize(dtype))
+
 
 @final
 @attrs.frozen(eq=False, kw_only=True)

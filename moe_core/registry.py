@@ -1,22 +1,31 @@
-"""The typed dispatch table: backends named by keys that carry their quant info type.
+"""The typed dispatch table: backends named by keys that carry their quant info type, and selection among them.
 
-A backend registers once, at import, and gets a ``BackendKey[Q]``;
-``create_runner(key, config)`` then returns a ``Runner[Q]`` with ``Q`` taken
-from the key, so handing that runner another backend's quant info is a mypy
-error. A backend also registers one :class:`~moe_core.conversion.Conversion`
-per canonical weight format it takes; ``key.route(format)`` pairs the key
-with it, and routes of one format but different ``Q`` share the type
-``FormatRoute[W]``, so a scheme can list them, and choose among them by name
-with :func:`select_backend`, without naming any ``Q`` and without ``Any``.
+A backend registers once, at import, with its :class:`~moe_core.capability.Priority`,
+its ``supports(device, layer)`` answer and one :class:`~moe_core.conversion.Conversion`
+per canonical format it takes, and gets a ``BackendKey[Q]``;
+``create_runner(key, config)`` returns a ``Runner[Q]`` with ``Q`` taken from the
+key, so handing that runner another backend's quant info is a mypy error.
+``key.route(format)`` pairs the key with its conversion: routes of one format
+but different ``Q`` share the type ``FormatRoute[W]``, so selection can walk
+them without naming any ``Q`` and without ``Any``.
 
-The table knows no format and names no backend. Out-of-tree backends
-register through the same call and are found by the ``moe_core.backends``
-entry-point group; a plugin that fails while loading is reported and leaves
-nothing registered.
+:func:`candidates` lists a format's routes in rank order, with the routes of
+the formats it declares a :class:`~moe_core.conversion.Degradation` to, each
+marked as degraded; :func:`choose` walks them for one
+layer on one device and takes the first that fits (or the one named).
+
+The table knows no format and names no backend. The registry finds its
+backends itself the first time anything asks (:func:`registered_backends`,
+:func:`candidates`): every module of the ``moe_core.backends`` package, then
+the modules of the ``moe_core.backends`` entry-point group (plugins). A
+plugin that fails while loading leaves nothing registered and stays a row
+with its reason.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Generic, Protocol, TypeVar, final
@@ -24,50 +33,22 @@ from typing import Generic, Protocol, TypeVar, final
 import attrs
 import torch
 
+from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig
-from moe_core.conversion import AnyConversion, FormatInfo, WeightFormat
+from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
 from moe_core.dispatch import DispatchOutput
 from moe_core.runner import QuantInfo, Runner
 
 ENTRY_POINT_GROUP = "moe_core.backends"
 """Entry-point group whose modules register backends when imported."""
 
+IN_TREE_PACKAGE = "moe_core.backends"
+"""The package whose modules are moe-core's own backends (each registers at import)."""
+
 Q = TypeVar("Q", bound=QuantInfo)
+V = TypeVar("V", bound=QuantInfo)
 W = TypeVar("W", bound=QuantInfo)
 W_contra = TypeVar("W_contra", bound=QuantInfo, contravariant=True)
-
-
-def _check_reasons(instance: Availability, attribute: attrs.Attribute[tuple[str, ...]], reasons: object) -> None:
-    if not isinstance(reasons, tuple) or not all(isinstance(r, str) and r for r in reasons):
-        raise TypeError(f"Availability.reasons: expected a tuple of non-empty str, got {reasons!r}")
-
-
-@final
-@attrs.frozen
-class Availability:
-    """Whether a backend can run on a device: ``ok``, or the reasons it cannot.
-
-    ``broken`` marks a backend whose own availability check raised: a faulty
-    plugin, which the ``moe-core`` command reports and exits non-zero for.
-    """
-
-    reasons: tuple[str, ...] = attrs.field(default=(), validator=_check_reasons)
-    broken: bool = attrs.field(default=False, kw_only=True)
-
-    @property
-    def ok(self) -> bool:
-        """True when nothing stands in the way."""
-        return not self.reasons
-
-    @classmethod
-    def available(cls) -> Availability:
-        """The backend runs here."""
-        return cls()
-
-    @classmethod
-    def unavailable(cls, reason: str, *more: str) -> Availability:
-        """The backend cannot run here, for human-readable reasons."""
-        return cls((reason, *more))
 
 
 class MoeForward(Protocol):
@@ -91,6 +72,21 @@ class BoundRunner(Generic[Q]):
         return self.runner.run(dispatch, self.quant_info)
 
 
+SupportsCheck = Callable[[DeviceSpec, LayerSpec], Support]
+"""A backend's own answer: can it run ``layer`` on ``device``."""
+
+
+def _guarded(check: SupportsCheck, device: DeviceSpec, layer: LayerSpec) -> Support:
+    """``check(device, layer)``; a check that raises or answers something else counts as broken, not as a crash."""
+    try:
+        verdict: object = check(device, layer)
+    except Exception as error:  # a plugin's check may fail in any way: report it as the reason
+        return Support((f"supports check raised {type(error).__name__}: {error}",), broken=True)
+    if not isinstance(verdict, Support):
+        return Support((f"supports check returned {type(verdict).__name__}, not Support",), broken=True)
+    return verdict
+
+
 @final
 @attrs.frozen(eq=False)
 class BackendKey(Generic[Q]):
@@ -105,25 +101,24 @@ class BackendKey(Generic[Q]):
     """One line for tables."""
     factory: Callable[[MoeRunnerConfig], Runner[Q]] = attrs.field(alias="_factory", kw_only=True)
     """Builds a runner for one layer (cheap: no weights are touched)."""
-    availability_check: Callable[[torch.device], Availability] = attrs.field(alias="_availability", kw_only=True)
-    """The backend's own check; call :meth:`availability`, which survives a faulty one."""
+    supports_check: SupportsCheck = attrs.field(alias="_supports", kw_only=True)
+    """The backend's own answer; call :meth:`supports`, which survives a faulty one."""
     conversions: tuple[AnyConversion[Q], ...] = attrs.field(alias="_conversions", kw_only=True)
     """One conversion per canonical format the backend takes."""
+    priority: Priority = attrs.field(alias="_priority", kw_only=True)
+    """Where it ranks among the candidates of a format."""
 
-    def availability(self, device: torch.device) -> Availability:
-        """Whether the backend runs on ``device``; a check that raises counts as broken, not as a crash."""
-        try:
-            verdict: object = self.availability_check(device)
-        except Exception as error:  # a plugin's check may fail in any way: report it as the reason
-            return Availability((f"availability check raised {type(error).__name__}: {error}",), broken=True)
-        if not isinstance(verdict, Availability):
-            return Availability((f"availability check returned {type(verdict).__name__}, not Availability",), broken=True)
-        return verdict
+    def supports(self, device: DeviceSpec, layer: LayerSpec) -> Support:
+        """Whether the backend runs ``layer`` on ``device``, and if not, why."""
+        if not self.converts_from(layer.format):
+            taken = ", ".join(fmt.name for fmt in self.formats) or "none"
+            return Support.no(f"takes no {layer.format.name} weights (it takes: {taken})")
+        return _guarded(self.supports_check, device, layer)
 
     @property
-    def formats(self) -> tuple[FormatInfo, ...]:
+    def formats(self) -> tuple[WeightFormat[QuantInfo], ...]:
         """The canonical formats the backend converts from, in registration order."""
-        return tuple(conversion.source for conversion in self.conversions)
+        return tuple(conversion.source_format() for conversion in self.conversions)
 
     def converts_from(self, source: FormatInfo) -> bool:
         """True when the backend registered a conversion from ``source``."""
@@ -155,8 +150,23 @@ class FormatRoute(Protocol[W_contra]):
         """One line for tables."""
         ...
 
-    def availability(self, device: torch.device) -> Availability:
-        """Whether the backend runs on ``device``, and if not, why."""
+    @property
+    def format(self) -> FormatInfo:
+        """The format it is fed from (``W``'s)."""
+        ...
+
+    @property
+    def priority(self) -> Priority:
+        """The backend's declared rank."""
+        ...
+
+    @property
+    def degradation(self) -> str | None:
+        """None, or the degradation between formats this route goes through, in words."""
+        ...
+
+    def supports(self, device: DeviceSpec, layer: LayerSpec) -> Support:
+        """Whether the backend runs ``layer`` (weights of :attr:`format`) on ``device``, and if not, why."""
         ...
 
     def bind(self, config: MoeRunnerConfig, weights: W_contra) -> MoeForward:
@@ -186,9 +196,24 @@ class Route(Generic[W, Q]):
         """One line for tables."""
         return self.key.description
 
-    def availability(self, device: torch.device) -> Availability:
-        """Whether the backend runs on ``device``, and if not, why."""
-        return self.key.availability(device)
+    @property
+    def format(self) -> WeightFormat[W]:
+        """The format it is fed from."""
+        return self.source
+
+    @property
+    def priority(self) -> Priority:
+        """The backend's declared rank."""
+        return self.key.priority
+
+    @property
+    def degradation(self) -> None:
+        """A direct route degrades nothing."""
+        return None
+
+    def supports(self, device: DeviceSpec, layer: LayerSpec) -> Support:
+        """The backend's answer for ``layer`` with its weights in :attr:`source`."""
+        return self.key.supports(device, layer.with_format(self.source))
 
     def quant_info(self, weights: W) -> Q:
         """The backend's quant info built from ``weights`` (once, after loading)."""
@@ -197,6 +222,49 @@ class Route(Generic[W, Q]):
     def bind(self, config: MoeRunnerConfig, weights: W) -> BoundRunner[Q]:
         """A runner for ``config`` bound to ``weights`` converted once."""
         return self.key.bind(config, self.quant_info(weights))
+
+
+@final
+@attrs.frozen(eq=False)
+class DegradedRoute(Generic[W, V]):
+    """A route of format ``V`` fed from format ``W`` through one of ``W``'s declared :class:`Degradation` steps."""
+
+    source: WeightFormat[W]
+    step: Degradation[W, V]
+    route: FormatRoute[V]
+
+    @property
+    def name(self) -> str:
+        """The backend's name."""
+        return self.route.name
+
+    @property
+    def description(self) -> str:
+        """One line for tables."""
+        return self.route.description
+
+    @property
+    def format(self) -> WeightFormat[W]:
+        """The format it is fed from (the degradation's source)."""
+        return self.source
+
+    @property
+    def priority(self) -> Priority:
+        """The backend's declared rank."""
+        return self.route.priority
+
+    @property
+    def degradation(self) -> str:
+        """The degradation, in words: ``source -> target: reason``."""
+        return f"{self.source.name} -> {self.step.target.name}: {self.step.reason}"
+
+    def supports(self, device: DeviceSpec, layer: LayerSpec) -> Support:
+        """The backend's answer for ``layer`` with its weights in the degradation's target format."""
+        return self.route.supports(device, layer)
+
+    def bind(self, config: MoeRunnerConfig, weights: W) -> MoeForward:
+        """Degrade ``weights``, then convert them once into the backend's quant info."""
+        return self.route.bind(config, self.step.convert(weights))
 
 
 class BackendEntry(Protocol):
@@ -213,12 +281,17 @@ class BackendEntry(Protocol):
         ...
 
     @property
-    def formats(self) -> tuple[FormatInfo, ...]:
+    def formats(self) -> tuple[WeightFormat[QuantInfo], ...]:
         """The canonical formats it converts from."""
         ...
 
-    def availability(self, device: torch.device) -> Availability:
-        """Whether the backend runs on ``device``; a faulty check is reported as broken."""
+    @property
+    def priority(self) -> Priority:
+        """Its declared rank."""
+        ...
+
+    def supports(self, device: DeviceSpec, layer: LayerSpec) -> Support:
+        """Whether the backend runs ``layer`` on ``device``; a faulty check is reported as broken."""
         ...
 
     def converts_from(self, source: FormatInfo) -> bool:
@@ -246,17 +319,51 @@ class _Registered(Generic[Q]):
         return self.key.description
 
     @property
-    def formats(self) -> tuple[FormatInfo, ...]:
+    def formats(self) -> tuple[WeightFormat[QuantInfo], ...]:
         return self.key.formats
 
-    def availability(self, device: torch.device) -> Availability:
-        return self.key.availability(device)
+    @property
+    def priority(self) -> Priority:
+        return self.key.priority
+
+    def supports(self, device: DeviceSpec, layer: LayerSpec) -> Support:
+        return self.key.supports(device, layer)
 
     def converts_from(self, source: FormatInfo) -> bool:
         return self.key.converts_from(source)
 
     def route(self, source: WeightFormat[W]) -> FormatRoute[W]:
         return self.key.route(source)
+
+
+@final
+@attrs.frozen(eq=False)
+class _FailedPlugin:
+    """A plugin that failed to load: a row with its reason, broken on every device, fed from no format."""
+
+    name: str
+    error: str
+
+    @property
+    def description(self) -> str:
+        return f"entry point of {ENTRY_POINT_GROUP} that failed to load"
+
+    @property
+    def formats(self) -> tuple[WeightFormat[QuantInfo], ...]:
+        return ()
+
+    @property
+    def priority(self) -> Priority:
+        return Priority(Tier.ORACLE, order=1 << 30)
+
+    def supports(self, device: DeviceSpec, layer: LayerSpec) -> Support:
+        return Support((f"failed to load: {self.error}",), broken=True)
+
+    def converts_from(self, source: FormatInfo) -> bool:
+        return False
+
+    def route(self, source: WeightFormat[W]) -> FormatRoute[W]:
+        raise ValueError(f"backend {self.name!r} failed to load ({self.error}): it takes no weights")
 
 
 @final
@@ -268,6 +375,9 @@ class _Slot:
 
 
 _REGISTRY: dict[str, _Slot] = {}
+_DISCOVERY: dict[str, str | None] = {}
+"""Each discovered module (in-tree module or entry point) and the error that stopped it, or None; empty until the
+first discovery."""
 
 
 def register_backend(
@@ -275,11 +385,16 @@ def register_backend(
     *,
     description: str,
     factory: Callable[[MoeRunnerConfig], Runner[Q]],
-    availability: Callable[[torch.device], Availability],
+    supports: SupportsCheck,
+    priority: Priority,
     conversions: Sequence[AnyConversion[Q]] = (),
 ) -> BackendKey[Q]:
     """Add a backend to the table and return its key; a name registers once.
 
+    ``supports`` answers for one layer on one device (a value, so that a
+    described device can be asked): refuse, with a reason, every config
+    field the backend cannot honour, never ignore it. ``priority`` is where
+    it ranks (kernel before fallback before oracle, then ``order``).
     ``conversions`` holds one :class:`~moe_core.conversion.Conversion` per
     canonical format the backend takes (none: callers build its quant info
     themselves). ``moe-core check`` tests the backend on each of them.
@@ -288,6 +403,10 @@ def register_backend(
         raise ValueError(f"name: expected a non-empty str, got {name!r}")
     if name in _REGISTRY:
         raise ValueError(f"name: a backend named {name!r} is already registered")
+    if not isinstance(priority, Priority):
+        raise TypeError(f"priority: expected a Priority, got {type(priority).__name__}")
+    if not callable(supports):
+        raise TypeError(f"supports: expected a callable (device, layer) -> Support, got {type(supports).__name__}")
     sources = [conversion.source for conversion in conversions]
     if len({id(source) for source in sources}) != len(sources):
         raise ValueError(f"conversions: expected one per format, got formats {[s.name for s in sources]}")
@@ -295,8 +414,9 @@ def register_backend(
         _name=name,
         _description=description,
         _factory=factory,
-        _availability=availability,
+        _supports=supports,
         _conversions=tuple(conversions),
+        _priority=priority,
     )
     _REGISTRY[name] = _Slot(key, _Registered(key))
     return key
@@ -312,9 +432,82 @@ def create_runner(key: BackendKey[Q], config: MoeRunnerConfig) -> Runner[Q]:
     return key.factory(config)
 
 
+def _load(module: str, label: str) -> None:
+    """Import ``module``; on failure record the error and unregister whatever it registered before failing."""
+    before = set(_REGISTRY)
+    try:
+        importlib.import_module(module)
+    except Exception as error:  # a plugin may fail in any way: report it, load the rest
+        for name in set(_REGISTRY) - before:
+            del _REGISTRY[name]
+        _DISCOVERY[label] = f"{type(error).__name__}: {error}"
+    else:
+        _DISCOVERY[label] = None
+
+
+def discover_backends() -> dict[str, str | None]:
+    """Import moe-core's backend modules, then the plugins of the ``moe_core.backends`` entry-point group, once.
+
+    Anything that asks the registry calls it first; an engine need not.
+    moe-core's own modules load first, so a plugin cannot take their names.
+    Returns each module's label (``moe_core.backends.<name>`` or the entry
+    point's name) with None where it loaded, or the error that stopped it.
+    """
+    if _DISCOVERY:
+        return dict(_DISCOVERY)
+    package = importlib.import_module(IN_TREE_PACKAGE)
+    for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
+        if not module.name.startswith("_"):
+            name = f"{IN_TREE_PACKAGE}.{module.name}"
+            _load(name, name)
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.module.split(".")[:2] != IN_TREE_PACKAGE.split("."):
+            _load(entry.module, entry.name)
+    return dict(_DISCOVERY)
+
+
+def plugin_errors() -> dict[str, str]:
+    """The discovered modules that failed to load, with their errors."""
+    return {label: error for label, error in discover_backends().items() if error is not None}
+
+
 def registered_backends() -> tuple[BackendEntry, ...]:
-    """Every registered backend, in registration order, its quant info type hidden."""
-    return tuple(slot.entry for slot in _REGISTRY.values())
+    """Every backend (discovered first), in registration order, its quant info type hidden; failed plugins last,
+    as broken rows."""
+    failed = plugin_errors()
+    return (*(slot.entry for slot in _REGISTRY.values()), *(_FailedPlugin(n, e) for n, e in failed.items()))
+
+
+def known_formats() -> tuple[WeightFormat[QuantInfo], ...]:
+    """Every format some registered backend converts from, in registration order."""
+    found: dict[int, WeightFormat[QuantInfo]] = {}
+    for entry in registered_backends():
+        for fmt in entry.formats:
+            found.setdefault(id(fmt), fmt)
+    return tuple(found.values())
+
+
+def _rank(route: FormatRoute[W], index: int) -> tuple[int, int, int, int]:
+    return (route.priority.tier, route.degradation is not None, route.priority.order, index)
+
+
+def candidates(source: WeightFormat[W], *, strict: bool = False) -> list[FormatRoute[W]]:
+    """Every backend that can be fed ``source`` weights, in rank order.
+
+    Routes through one of ``source``'s declared degradations follow the
+    direct ones of their tier (a degraded kernel still ranks before a direct
+    oracle); ``strict`` leaves them out.
+    """
+    discover_backends()
+    entries = [slot.entry for slot in _REGISTRY.values()]
+    routes: list[FormatRoute[W]] = [entry.route(source) for entry in entries if entry.converts_from(source)]
+    if not strict:
+        for step in source.degradations:
+            routes += [
+                DegradedRoute(source, step, entry.route(step.target)) for entry in entries if entry.converts_from(step.target)
+            ]
+    order = {id(route): index for index, route in enumerate(routes)}
+    return sorted(routes, key=lambda route: _rank(route, order[id(route)]))
 
 
 class BackendChoice(Protocol):
@@ -325,8 +518,8 @@ class BackendChoice(Protocol):
         """The backend's name."""
         ...
 
-    def availability(self, device: torch.device) -> Availability:
-        """Whether the backend runs on ``device``, and if not, why."""
+    def supports(self, device: DeviceSpec, layer: LayerSpec) -> Support:
+        """Whether the backend runs ``layer`` on ``device``, and if not, why."""
         ...
 
 
@@ -334,7 +527,17 @@ C = TypeVar("C", bound=BackendChoice)
 
 
 class BackendSelectionError(ValueError):
-    """No backend fits: an unknown or unavailable name, or none available; the message lists the choices."""
+    """No backend fits: an unknown or unfit name, or none fits; the message lists the choices and their reasons."""
+
+
+@final
+@attrs.frozen
+class Considered:
+    """One candidate as selection saw it."""
+
+    name: str
+    support: Support
+    degradation: str | None = None
 
 
 @final
@@ -343,67 +546,100 @@ class Selection(Generic[C]):
     """The backend :func:`select_backend` chose, and what it found for every choice."""
 
     chosen: C
-    considered: tuple[tuple[str, Availability], ...]
-    """Each choice's name and availability, in preference order."""
+    considered: tuple[Considered, ...]
+    """Each choice, in rank order."""
+    device: DeviceSpec
+
+    @property
+    def degradation(self) -> str | None:
+        """The degradation the chosen route goes through, if any."""
+        return next(c.degradation for c in self.considered if c.name == self.chosen.name)
 
     def summary(self) -> str:
-        """One line for a log: the choice and why earlier ones were passed over."""
-        passed = [f"{name} ({'; '.join(verdict.reasons)})" for name, verdict in self.considered if not verdict.ok]
-        return f"backend {self.chosen.name}" + (f"; unavailable: {', '.join(passed)}" if passed else "")
+        """One line for a log: the choice, any degradation, and why earlier ones were passed over."""
+        line = f"backend {self.chosen.name}"
+        if self.degradation is not None:
+            line += f" (degraded: {self.degradation})"
+        passed = []
+        for considered in self.considered:
+            if considered.name == self.chosen.name:
+                break
+            passed.append(f"{considered.name} ({considered.support.describe()})")
+        return line + (f"; passed over: {', '.join(passed)}" if passed else "")
 
 
-def _listing(considered: Sequence[tuple[str, Availability]]) -> str:
-    return "; ".join(f"{name}: {'available' if v.ok else ', '.join(v.reasons)}" for name, v in considered)
+def _listing(considered: Sequence[Considered]) -> str:
+    return "; ".join(
+        f"{c.name}{' (degraded)' if c.degradation else ''}: {'fits' if c.support.ok else c.support.describe()}"
+        for c in considered
+    )
 
 
-def select_backend(choices: Sequence[C], device: torch.device, *, name: str | None = None) -> Selection[C]:
-    """Choose from ``choices`` (preference order) for ``device``: the one named ``name``, or the first available.
+def _as_spec(device: DeviceSpec | torch.device) -> DeviceSpec:
+    return device if isinstance(device, DeviceSpec) else DeviceSpec.of(device)
 
-    Typed by the choices: among ``BackendKey[Q]`` it returns a ``BackendKey[Q]``;
-    among ``FormatRoute[W]`` (backends of different quant info fed from one
-    canonical format), a ``FormatRoute[W]``. Raises
-    :class:`BackendSelectionError` listing every choice with its reasons.
+
+def select_backend(
+    choices: Sequence[C], device: DeviceSpec | torch.device, layer: LayerSpec, *, name: str | None = None
+) -> Selection[C]:
+    """Choose from ``choices`` (rank order) for ``layer`` on ``device``: the one named ``name``, or the first that fits.
+
+    Typed by the choices: among ``BackendKey[Q]`` it returns a
+    ``BackendKey[Q]``; among ``FormatRoute[W]``, a ``FormatRoute[W]``. A
+    choice that fits only by name (:attr:`Support.by_name_only`) is taken
+    only when named. Raises :class:`BackendSelectionError` listing every
+    choice with its reasons.
     """
+    spec = _as_spec(device)
     if not choices:
-        raise BackendSelectionError("choices: expected at least one backend to choose from")
-    considered = tuple((choice.name, choice.availability(device)) for choice in choices)
+        raise BackendSelectionError(f"no backend takes {layer.format.name} weights (none is registered for it)")
+    considered = tuple(
+        Considered(choice.name, choice.supports(spec, layer), getattr(choice, "degradation", None)) for choice in choices
+    )
+    where = f"{layer.format.name} on {spec.describe()}"
     if name is not None:
         matches = [index for index, choice in enumerate(choices) if choice.name == name]
         if not matches:
             known = ", ".join(choice.name for choice in choices)
-            raise BackendSelectionError(f"unknown backend {name!r}; the choices are: {known}")
+            raise BackendSelectionError(f"unknown backend {name!r} for {where}; the choices are: {known}")
         index = matches[0]
-        if not considered[index][1].ok:
+        if not considered[index].support.ok:
             raise BackendSelectionError(
-                f"backend {name!r} cannot run on {device}: {'; '.join(considered[index][1].reasons)} "
+                f"backend {name!r} cannot run {where}: {considered[index].support.describe()} "
                 f"(all choices: {_listing(considered)})"
             )
-        return Selection(choices[index], considered)
-    for index, (_, verdict) in enumerate(considered):
-        if verdict.ok:
-            return Selection(choices[index], considered)
-    raise BackendSelectionError(f"no backend runs on {device}: {_listing(considered)}")
+        return Selection(choices[index], considered, spec)
+    for index, verdict in enumerate(considered):
+        if verdict.support.ranked:
+            return Selection(choices[index], considered, spec)
+    raise BackendSelectionError(f"no backend runs {where}: {_listing(considered)}")
 
 
-def load_entry_point_backends() -> dict[str, str | None]:
-    """Import every module of the ``moe_core.backends`` entry-point group.
+def choose(
+    source: WeightFormat[W],
+    device: DeviceSpec | torch.device,
+    layer: LayerSpec,
+    *,
+    name: str | None = None,
+    strict: bool = False,
+) -> Selection[FormatRoute[W]]:
+    """The backend for a layer of ``source`` weights on ``device``: named, or the first candidate that fits.
 
-    Importing a module is what registers its backends; moe-core's own load
-    first, so a plugin cannot take their names. Returns each entry point's
-    name with None where it loaded, or the error that stopped it; a module
-    that fails unregisters whatever it registered before failing, so one
-    broken plugin is reported, hides no other and leaves nothing half-made.
+    ``strict`` forbids degradation between formats; its error says what
+    would have run without it.
     """
-    outcome: dict[str, str | None] = {}
-    found = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda entry: not entry.value.startswith("moe_core."))
-    for entry in found:
-        before = set(_REGISTRY)
+    if layer.format is not source:
+        raise ValueError(f"layer: its format is {layer.format.name}, the weights are {source.name}")
+    try:
+        return select_backend(candidates(source, strict=strict), device, layer, name=name)
+    except BackendSelectionError as error:
+        if not strict:
+            raise
         try:
-            entry.load()
-        except Exception as error:  # a plugin may fail in any way: report it, load the rest
-            for name in set(_REGISTRY) - before:
-                del _REGISTRY[name]
-            outcome[entry.name] = f"{type(error).__name__}: {error}"
-        else:
-            outcome[entry.name] = None
-    return outcome
+            relaxed = select_backend(candidates(source), device, layer, name=name)
+        except BackendSelectionError:
+            raise error from None
+        raise BackendSelectionError(
+            f"{error} (strict: no degradation; without strict, {relaxed.chosen.name} would run, "
+            f"degraded: {relaxed.degradation})"
+        ) from None

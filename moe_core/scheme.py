@@ -7,9 +7,15 @@ its format once after loading, converts them into the chosen backend's quant
 info through that backend's registered conversion, and applies the layer by
 calling the bound runner: no kernel call of its own.
 
-Backends are chosen among ``FormatRoute[W]``, the backends fed from the
-scheme's canonical format ``W``: a forced one that takes another format is a
-mypy error at the call site.
+The backend is chosen by capability (:func:`~moe_core.registry.choose`):
+the first candidate of the scheme's format, in the backends' declared rank,
+that runs this layer on the parameters' device, through a named degradation
+between formats where none of the format's own fits (unless ``strict``).
+A forced backend is a name (checked at run time, with every choice's
+reasons) or a ``FormatRoute[W]`` (one fed from another format is a mypy
+error at the call site). After processing, the layer holds its weights once,
+in the chosen backend's layout: the checkpoint parameters are released and,
+unless asked to keep them, so are the canonical weights.
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ from typing import Generic, Protocol, TypeVar, final
 import attrs
 import torch
 
+from moe_core._checks import FLOAT_DTYPES
+from moe_core.capability import LayerSpec
 from moe_core.config import MoeRunnerConfig
 from moe_core.conversion import FormatInfo, WeightFormat
 from moe_core.dispatch import DispatchOutput
 from moe_core.expert_params import ExpertParams, ExpertShard, ParamSpec
-from moe_core.registry import BackendChoice, FormatRoute, MoeForward, Selection, registered_backends, select_backend
+from moe_core.registry import BackendSelectionError, FormatRoute, MoeForward, Selection, candidates, choose, select_backend
 from moe_core.runner import QuantInfo
 
 W = TypeVar("W", bound=QuantInfo)
@@ -33,18 +41,6 @@ W = TypeVar("W", bound=QuantInfo)
 
 class UnsupportedCheckpoint(ValueError):
     """A checkpoint whose quantization config (or contents) the scheme does not take; the message says why."""
-
-
-def backends_for(source: WeightFormat[W], preference: Sequence[str]) -> list[FormatRoute[W]]:
-    """Every registered backend fed from ``source``: those named in ``preference`` first, in that order.
-
-    Backends the preference does not name (plugins) follow in registration
-    order, so a new backend is a choice without editing any scheme.
-    """
-    entries = [entry for entry in registered_backends() if entry.converts_from(source)]
-    rank = {name: index for index, name in enumerate(preference)}
-    entries.sort(key=lambda entry: rank.get(entry.name, len(rank)))
-    return [entry.route(source) for entry in entries]
 
 
 class ExpertScheme(abc.ABC, Generic[W]):
@@ -63,24 +59,31 @@ class ExpertScheme(abc.ABC, Generic[W]):
         config: MoeRunnerConfig,
         device: torch.device,
         *,
-        preference: Sequence[str],
-        backends: Sequence[FormatRoute[W]] | None,
-        backend: FormatRoute[W] | None,
+        backend: FormatRoute[W] | str | None,
+        strict: bool,
+        activation_dtype: torch.dtype,
     ) -> None:
-        """Create the parameters on ``device``; ``backend`` forces one, ``backends`` replaces the default list."""
+        """Create the parameters on ``device``; ``backend`` forces one (a route or a name), ``strict`` forbids
+        degradation between formats, ``activation_dtype`` is the hidden states' dtype backends are asked about."""
         if not isinstance(config, MoeRunnerConfig):
             raise TypeError(f"config: expected a MoeRunnerConfig, got {type(config).__name__}")
+        if not isinstance(strict, bool):
+            raise TypeError(f"strict: expected a bool, got {strict!r}")
+        if activation_dtype not in FLOAT_DTYPES:
+            raise TypeError(f"activation_dtype: expected one of {FLOAT_DTYPES}, got {activation_dtype!r}")
         self.name = name
         """The scheme's short name."""
         self.config = config
         """The layer, as this rank sees it."""
         self._source = source
         self._params = ExpertParams(name, specs, config, device)
-        self._preference = tuple(preference)
-        self._backends = None if backends is None else tuple(backends)
         self._forced = backend
+        self.strict = strict
+        """Degradation between formats is forbidden."""
+        self.activation_dtype = activation_dtype
+        """The hidden states' dtype, as selection asks backends about it."""
         self.weights: W | None = None
-        """The canonical weights, once :meth:`process_weights_after_loading` has built them."""
+        """The canonical weights, when :meth:`process_weights_after_loading` was asked to keep them."""
         self.selection: Selection[FormatRoute[W]] | None = None
         """The backend choice, once made."""
         self._forward: MoeForward | None = None
@@ -95,13 +98,16 @@ class ExpertScheme(abc.ABC, Generic[W]):
         """The checkpoint parameters of this rank's experts."""
         return self._params
 
+    @property
+    def layer(self) -> LayerSpec:
+        """The layer as backends judge it."""
+        return LayerSpec(self.config, self._source, self.activation_dtype)
+
     def backend_choices(self) -> tuple[FormatRoute[W], ...]:
-        """What the scheme chooses from, in preference order: the forced backend alone, if any."""
-        if self._forced is not None:
+        """What the scheme chooses from, in rank order: the forced route alone, if any."""
+        if self._forced is not None and not isinstance(self._forced, str):
             return (self._forced,)
-        if self._backends is not None:
-            return self._backends
-        return tuple(backends_for(self._source, self._preference))
+        return tuple(candidates(self._source, strict=self.strict))
 
     def load_expert_weight(self, name: str, tensor: torch.Tensor, *, expert_id: int, shard: ExpertShard) -> bool:
         """Take one checkpoint tensor (``experts.{expert_id}.{shard}.{name}``); False if the expert is not local."""
@@ -111,18 +117,32 @@ class ExpertScheme(abc.ABC, Generic[W]):
     def canonical_weights(self) -> W:
         """The canonical weights from the loaded parameters (all of them are loaded when this runs)."""
 
-    def process_weights_after_loading(self) -> None:
-        """Build the canonical weights, choose the first available backend and convert them into its quant info.
+    def choose_backend(self) -> Selection[FormatRoute[W]]:
+        """The backend this layer would run on: forced, or chosen by capability (see the module's doc)."""
+        device, layer = self._params.device, self.layer
+        if isinstance(self._forced, str) or self._forced is None:
+            return choose(self._source, device, layer, name=self._forced, strict=self.strict)
+        selection = select_backend(self.backend_choices(), device, layer, name=self._forced.name)
+        if self.strict and selection.degradation is not None:
+            raise BackendSelectionError(f"{self.name}: strict, but the forced backend degrades {selection.degradation}")
+        return selection
+
+    def process_weights_after_loading(self, *, keep_canonical: bool = False) -> None:
+        """Build the canonical weights, choose the backend, convert them once into its quant info, release the rest.
 
         Raises for a missing tensor (by name), for checkpoint values the
         scheme's policies refuse, and with every choice's reasons when no
-        backend runs on the parameters' device.
+        backend runs this layer on the parameters' device. ``keep_canonical``
+        keeps the canonical weights in :attr:`weights` (a second copy, for
+        checks against the reference).
         """
         self._params.require_complete()
         weights = self.canonical_weights()
-        selection = select_backend(self.backend_choices(), self._params.device)
+        selection = self.choose_backend()
         self._forward = selection.chosen.bind(self.config, weights)
-        self.weights, self.selection = weights, selection
+        self._params.release()
+        self.selection = selection
+        self.weights = weights if keep_canonical else None
 
     def apply(self, dispatch: DispatchOutput) -> torch.Tensor:
         """The layer's ``[T, H]`` output through the chosen backend's runner."""
@@ -157,14 +177,14 @@ class MoeScheme(Protocol):
 
     @property
     def weights(self) -> QuantInfo | None:
-        """The canonical weights once processed (None before)."""
+        """The canonical weights, when processing was asked to keep them (None otherwise)."""
         ...
 
     def load_expert_weight(self, name: str, tensor: torch.Tensor, *, expert_id: int, shard: ExpertShard) -> bool:
         """Take one checkpoint tensor (``experts.{expert_id}.{shard}.{name}``); False if the expert is not local."""
         ...
 
-    def process_weights_after_loading(self) -> None:
+    def process_weights_after_loading(self, *, keep_canonical: bool = False) -> None:
         """Build the canonical weights, choose a backend and convert them into its quant info, once."""
         ...
 
@@ -188,8 +208,16 @@ class SchemeSpec:
     """The canonical weight format it builds."""
     unsupported_reason: Callable[[Mapping[str, object] | None], str | None]
     """Why the scheme does not take a checkpoint with this ``quantization_config`` (None: it does)."""
-    for_layer: Callable[[MoeRunnerConfig, torch.device, torch.dtype], MoeScheme]
-    """The scheme for one layer, its parameters created on the device, with the default backend choice;
-    the dtype is the checkpoint's unquantized dtype (what an unquantized scheme stores)."""
-    preference: Callable[[], Sequence[BackendChoice]]
-    """The backends it would choose from, in preference order (for ``moe-core info``)."""
+    for_layer: Callable[[MoeRunnerConfig, torch.device, torch.dtype, SchemeOptions], MoeScheme]
+    """The scheme for one layer, its parameters created on the device; the dtype is the checkpoint's unquantized
+    dtype (what an unquantized scheme stores)."""
+
+
+@final
+@attrs.frozen
+class SchemeOptions:
+    """How a checkpoint loader asks for a layer's backend: by name (None: by capability), strict or not."""
+
+    backend: str | None = None
+    strict: bool = False
+    activation_dtype: torch.dtype = torch.bfloat16

@@ -10,7 +10,7 @@ with its names and its convention.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import ClassVar
 
 import torch
@@ -28,10 +28,7 @@ from moe_core import (
     QuantizeGlobalScale,
 )
 from moe_core.expert_params import ParamLayout, ParamSpec
-from moe_core.scheme import ExpertScheme, backends_for
-
-PREFERENCE = ("flashinfer-trtllm-fp4", "flashinfer-cutlass-nvfp4", "reference-nvfp4")
-"""Backend names in preference order; registered backends not named here follow."""
+from moe_core.scheme import ExpertScheme
 
 
 def _experts(packed: torch.Tensor, scales: torch.Tensor, global_scales: ExpertQuantizeGlobalScales) -> Nvfp4ExpertWeights:
@@ -66,10 +63,12 @@ class Nvfp4CheckpointScheme(ExpertScheme[Nvfp4MoeWeights]):
         device: torch.device = torch.device("cpu"),
         *,
         input_scale_policy: ExpertScalePolicy = ExpertScalePolicy.CONSERVATIVE,
-        backends: Sequence[FormatRoute[Nvfp4MoeWeights]] | None = None,
-        backend: FormatRoute[Nvfp4MoeWeights] | None = None,
+        backend: FormatRoute[Nvfp4MoeWeights] | str | None = None,
+        strict: bool = False,
+        activation_dtype: torch.dtype = torch.bfloat16,
     ) -> None:
-        """Create the layer's parameters on ``device``; ``backend`` forces a backend fed from NVFP4 weights."""
+        """Create the layer's parameters on ``device``; ``backend`` forces a backend fed from NVFP4 weights (a route,
+        or a name), ``strict`` forbids running them as W4A16 where no W4A4 kernel fits."""
         if not isinstance(input_scale_policy, ExpertScalePolicy):
             raise TypeError(f"input_scale_policy: expected an ExpertScalePolicy, got {input_scale_policy!r}")
         specs = (
@@ -78,7 +77,9 @@ class Nvfp4CheckpointScheme(ExpertScheme[Nvfp4MoeWeights]):
             ParamSpec(self.WEIGHT_SCALE, torch.float32, ParamLayout.SCALAR),
             ParamSpec(self.INPUT_SCALE, torch.float32, ParamLayout.SCALAR),
         )
-        super().__init__(self.NAME, NVFP4, specs, config, device, preference=PREFERENCE, backends=backends, backend=backend)
+        super().__init__(
+            self.NAME, NVFP4, specs, config, device, backend=backend, strict=strict, activation_dtype=activation_dtype
+        )
         self.input_scale_policy = input_scale_policy
         """How the per-expert input scales become one scalar per GEMM."""
 
@@ -111,11 +112,6 @@ class Nvfp4CheckpointScheme(ExpertScheme[Nvfp4MoeWeights]):
             w13_input_scale=self.input_scale(params.gate_up(self.INPUT_SCALE), policy),
             w2_input_scale=self.input_scale(params.down(self.INPUT_SCALE), policy),
         )
-
-
-def nvfp4_choices() -> Sequence[FormatRoute[Nvfp4MoeWeights]]:
-    """The backends an NVFP4 scheme would choose from, in preference order."""
-    return backends_for(NVFP4, PREFERENCE)
 
 
 def nvfp4_group_problem(group: Mapping[str, object]) -> str | None:

@@ -29,8 +29,8 @@ from collections.abc import Mapping
 import torch
 
 from moe_core import NVFP4, ExpertQuantizeGlobalScales, ExpertScalePolicy, MoeRunnerConfig, QuantizeGlobalScale
-from moe_core.scheme import SchemeSpec
-from moe_core.schemes._nvfp4_checkpoint import Nvfp4CheckpointScheme, nvfp4_choices, nvfp4_group_problem
+from moe_core.scheme import SchemeOptions, SchemeSpec
+from moe_core.schemes._nvfp4_checkpoint import Nvfp4CheckpointScheme, nvfp4_group_problem
 
 
 class CompressedTensorsW4A4Nvfp4MoE(Nvfp4CheckpointScheme):
@@ -78,9 +78,11 @@ def unsupported_reason(quantization_config: Mapping[str, object] | None) -> str 
     return "no NVFP4 W4A4 config group (" + "; ".join(problems) + ")"
 
 
-def _for_layer(config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype) -> CompressedTensorsW4A4Nvfp4MoE:
-    return CompressedTensorsW4A4Nvfp4MoE(config, device)
+def _for_layer(config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype, options: SchemeOptions) -> CompressedTensorsW4A4Nvfp4MoE:
+    return CompressedTensorsW4A4Nvfp4MoE(
+        config, device, backend=options.backend, strict=options.strict, activation_dtype=options.activation_dtype
+    )
 
 
-SCHEME = SchemeSpec(CompressedTensorsW4A4Nvfp4MoE.NAME, NVFP4, unsupported_reason, _for_layer, nvfp4_choices)
+SCHEME = SchemeSpec(CompressedTensorsW4A4Nvfp4MoE.NAME, NVFP4, unsupported_reason, _for_layer)
 """The scheme as the checkpoint loader and ``moe-core`` see it."""

@@ -26,8 +26,8 @@ from moe_core import (
     MoeRunnerConfig,
     QuantizeGlobalScale,
 )
-from moe_core.scheme import SchemeSpec
-from moe_core.schemes._nvfp4_checkpoint import Nvfp4CheckpointScheme, nvfp4_choices
+from moe_core.scheme import SchemeOptions, SchemeSpec
+from moe_core.schemes._nvfp4_checkpoint import Nvfp4CheckpointScheme
 
 
 class ModelOptNvfp4MoE(Nvfp4CheckpointScheme):
@@ -66,9 +66,11 @@ def unsupported_reason(quantization_config: Mapping[str, object] | None) -> str 
     return None
 
 
-def _for_layer(config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype) -> ModelOptNvfp4MoE:
-    return ModelOptNvfp4MoE(config, device)
+def _for_layer(config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype, options: SchemeOptions) -> ModelOptNvfp4MoE:
+    return ModelOptNvfp4MoE(
+        config, device, backend=options.backend, strict=options.strict, activation_dtype=options.activation_dtype
+    )
 
 
-SCHEME = SchemeSpec(ModelOptNvfp4MoE.NAME, NVFP4, unsupported_reason, _for_layer, nvfp4_choices)
+SCHEME = SchemeSpec(ModelOptNvfp4MoE.NAME, NVFP4, unsupported_reason, _for_layer)
 """The scheme as the checkpoint loader and ``moe-core`` see it."""

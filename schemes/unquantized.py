@@ -2,24 +2,22 @@
 
 The weights are kept in the checkpoint's dtype (``dtype``, bf16 by default,
 must match it: a silent cast would hide a checkpoint of another precision).
-FP8 per-tensor checkpoints are not taken yet: no backend offers an FP8 quant
-info (the Triton backend's issue adds one).
+FP8 checkpoints are not taken yet (no FP8 checkpoint scheme: the formats and
+backends exist).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import torch
 
 from moe_core import DENSE, DenseMoeWeights, FormatRoute, MoeRunnerConfig
 from moe_core._checks import FLOAT_DTYPES
 from moe_core.expert_params import ParamLayout, ParamSpec
-from moe_core.scheme import ExpertScheme, SchemeSpec, backends_for
+from moe_core.scheme import ExpertScheme, SchemeOptions, SchemeSpec
 
 NAME = "unquantized"
-PREFERENCE = ("reference-dense",)
-"""Backend names in preference order; registered backends not named here follow."""
 
 
 class UnquantizedMoE(ExpertScheme[DenseMoeWeights]):
@@ -31,14 +29,16 @@ class UnquantizedMoE(ExpertScheme[DenseMoeWeights]):
         device: torch.device = torch.device("cpu"),
         *,
         dtype: torch.dtype = torch.bfloat16,
-        backends: Sequence[FormatRoute[DenseMoeWeights]] | None = None,
-        backend: FormatRoute[DenseMoeWeights] | None = None,
+        backend: FormatRoute[DenseMoeWeights] | str | None = None,
+        strict: bool = False,
+        activation_dtype: torch.dtype = torch.bfloat16,
     ) -> None:
-        """Create the layer's ``dtype`` parameters on ``device``; ``backend`` forces a backend fed from dense weights."""
+        """Create the layer's ``dtype`` parameters on ``device``; ``backend`` forces a backend fed from dense weights
+        (a route, or a name)."""
         if dtype not in FLOAT_DTYPES:
             raise TypeError(f"dtype: expected one of {FLOAT_DTYPES}, got {dtype!r}")
         specs = (ParamSpec("weight", dtype, ParamLayout.MATRIX),)
-        super().__init__(NAME, DENSE, specs, config, device, preference=PREFERENCE, backends=backends, backend=backend)
+        super().__init__(NAME, DENSE, specs, config, device, backend=backend, strict=strict, activation_dtype=activation_dtype)
 
     def canonical_weights(self) -> DenseMoeWeights:
         """The dense weights, gate rows then up rows in ``w13``."""
@@ -52,13 +52,11 @@ def unsupported_reason(quantization_config: Mapping[str, object] | None) -> str 
     return f"the checkpoint is quantized (quant_method {quantization_config.get('quant_method')!r})"
 
 
-def _for_layer(config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype) -> UnquantizedMoE:
-    return UnquantizedMoE(config, device, dtype=dtype)
+def _for_layer(config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype, options: SchemeOptions) -> UnquantizedMoE:
+    return UnquantizedMoE(
+        config, device, dtype=dtype, backend=options.backend, strict=options.strict, activation_dtype=options.activation_dtype
+    )
 
 
-def _choices() -> Sequence[FormatRoute[DenseMoeWeights]]:
-    return backends_for(DENSE, PREFERENCE)
-
-
-SCHEME = SchemeSpec(NAME, DENSE, unsupported_reason, _for_layer, _choices)
+SCHEME = SchemeSpec(NAME, DENSE, unsupported_reason, _for_layer)
 """The scheme as the checkpoint loader and ``moe-core`` see it."""

@@ -19,11 +19,12 @@ import pathlib
 
 import torch
 
-from moe_core import NVFP4, Availability, BackendKey, Conversion, MoeRunnerConfig, Runner, register_backend
-from moe_core.backends._flashinfer import device_reasons, require_available
+from moe_core import NVFP4, BackendKey, Conversion, MoeRunnerConfig, Runner, register_backend
+from moe_core.backends._flashinfer import device_reasons, require_available, row_alignment_reasons, swiglu_only
+from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.backends.flashinfer_trtllm_fp4.kernel import load_kernels
 from moe_core.backends.flashinfer_trtllm_fp4.quant_info import TrtllmFp4Weights
-from moe_core.backends.flashinfer_trtllm_fp4.runner import TrtllmFp4Runner
+from moe_core.backends.flashinfer_trtllm_fp4.runner import KERNEL_ROUTING, TrtllmFp4Runner
 
 CAPABILITIES = ((10, 0), (10, 3))
 """The compute capabilities FlashInfer builds its TRT-LLM-gen MoE for."""
@@ -49,18 +50,27 @@ def cubin_reason() -> str | None:
     )
 
 
-def trtllm_fp4_availability(device: torch.device) -> Availability:
+def trtllm_fp4_device_support(device: DeviceSpec) -> Support:
     """FlashInfer installed, an SM100/SM103 GPU, and the cubins at hand; every reason that fails."""
     reasons = device_reasons(device, CAPABILITIES, minimum=False)
     cubins = cubin_reason()
     if cubins is not None:
         reasons.append(cubins)
-    return Availability(tuple(reasons))
+    return Support.of(reasons)
+
+
+def trtllm_fp4_supports(device: DeviceSpec, layer: LayerSpec) -> Support:
+    """:func:`trtllm_fp4_device_support`, and a SwiGLU layer whose sizes fit the 128-row tiles and whose routing
+    method the kernel computes."""
+    reasons = swiglu_only(layer) + row_alignment_reasons(layer)
+    if layer.config.routing_method not in KERNEL_ROUTING:
+        reasons.append(f"the kernel computes no {layer.config.routing_method.value} routing")
+    return trtllm_fp4_device_support(device).combine(Support.of(reasons))
 
 
 def _runner(config: MoeRunnerConfig) -> Runner[TrtllmFp4Weights]:
     """The runner over FlashInfer's kernels (imported now); refuses where the backend cannot run."""
-    require_available("flashinfer-trtllm-fp4", trtllm_fp4_availability)
+    require_available("flashinfer-trtllm-fp4", trtllm_fp4_device_support)
     return TrtllmFp4Runner(config, kernels=load_kernels())
 
 
@@ -68,7 +78,8 @@ FLASHINFER_TRTLLM_FP4: BackendKey[TrtllmFp4Weights] = register_backend(
     "flashinfer-trtllm-fp4",
     description="FlashInfer TRT-LLM-gen fused MoE, NVFP4 W4A4, separate gate/up scalars (SM100/SM103)",
     factory=_runner,
-    availability=trtllm_fp4_availability,
+    supports=trtllm_fp4_supports,
+    priority=Priority(Tier.KERNEL, order=0),
     conversions=[Conversion(NVFP4, TrtllmFp4Weights.from_nvfp4)],
 )
 """NVFP4 W4A4 experts through ``trtllm_fp4_block_scale_routed_moe`` / ``trtllm_fp4_block_scale_moe``."""

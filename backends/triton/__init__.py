@@ -16,8 +16,8 @@ for the E4M3 scale conversion; FP8: 8.9, for FP8 dot products), and on the CPU u
 
 from __future__ import annotations
 
-import importlib.util
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -27,7 +27,7 @@ from moe_core import (
     FP8_BLOCK_SCALED,
     FP8_CHANNEL,
     NVFP4_W4A16,
-    Availability,
+    Activation,
     BackendKey,
     Conversion,
     MoeRunnerConfig,
@@ -40,6 +40,16 @@ from moe_core.backends.triton.quant_info import (
     TritonFp8Weights,
     TritonNvfp4W4A16Weights,
 )
+from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
+from moe_core.moe_weights import fp8_block_size_refusal
+
+ACTIVATIONS = (Activation.SILU_GATED, Activation.GELU_GATED)
+"""The activations the first GEMM's fused epilogue computes."""
+
+HIDDEN_DTYPES = (torch.bfloat16, torch.float16)
+"""Hidden-state dtypes the kernels read and write."""
+
+INTERPRETER = "Triton's CPU interpreter (TRITON_INTERPRET=1): exact but slow, for tests"
 
 
 def interpreted() -> bool:
@@ -48,36 +58,50 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _availability(device: torch.device, capability: tuple[int, int]) -> Availability:
-    if importlib.util.find_spec("triton") is None:
-        return Availability.unavailable("triton is not installed (pip install 'moe-core[triton]')")
-    if device.type == "cpu":
-        if interpreted():
-            return Availability.available()
-        return Availability.unavailable("needs a CUDA device (or TRITON_INTERPRET=1 for Triton's slow CPU interpreter)")
-    if device.type != "cuda":
-        return Availability.unavailable(f"needs a CUDA device, not {device.type}")
-    if not torch.cuda.is_available():
-        return Availability.unavailable("torch sees no CUDA device")
-    found = torch.cuda.get_device_capability(device)
-    if found < capability:
-        return Availability.unavailable(f"needs compute capability {capability[0]}.{capability[1]}+, found {found[0]}.{found[1]}")
-    return Availability.available()
+def _device_support(device: DeviceSpec, capability: tuple[int, int]) -> Support:
+    if not device.has("triton"):
+        return Support.no("triton is not installed (pip install 'moe-core[triton]')")
+    if device.kind == "cpu":
+        if device.triton_interpreter:
+            return Support(by_name_only=INTERPRETER)
+        return Support.no("needs a CUDA GPU (or TRITON_INTERPRET=1 for Triton's slow CPU interpreter, by name)")
+    if device.kind != "cuda":
+        return Support.no(f"needs a CUDA GPU, not {device.kind}")
+    if device.capability is None:
+        return Support.no("torch sees no CUDA device")
+    if device.capability < capability:
+        return Support.no(f"needs compute capability {capability[0]}.{capability[1]}+, found {device.capability_text()}")
+    return Support.yes()
 
 
-def dense_availability(device: torch.device) -> Availability:
-    """Triton present, and a CUDA device of compute capability 8.0+ (bf16 dot products), or the CPU interpreter."""
-    return _availability(device, (8, 0))
+def _layer_reasons(layer: LayerSpec) -> list[str]:
+    reasons = []
+    config = layer.config
+    if config.activation not in ACTIVATIONS:
+        names = ", ".join(activation.value for activation in ACTIVATIONS)
+        reasons.append(f"its fused epilogue computes {names}, not {config.activation.value}")
+    if layer.dtype not in HIDDEN_DTYPES:
+        reasons.append(f"takes bf16/fp16 hidden states, not {layer.dtype}")
+    if layer.format is FP8_BLOCK_SCALED:
+        refusal = fp8_block_size_refusal(config.hidden_size, config.intermediate_size_per_partition)
+        if refusal is not None:
+            reasons.append(refusal)
+    return reasons
 
 
-def nvfp4_availability(device: torch.device) -> Availability:
-    """Triton present, and a CUDA device of compute capability 8.9+ (E4M3 scales), or the CPU interpreter."""
-    return _availability(device, (8, 9))
+def _supports(capability: tuple[int, int]) -> Callable[[DeviceSpec, LayerSpec], Support]:
+    def supports(device: DeviceSpec, layer: LayerSpec) -> Support:
+        return _device_support(device, capability).combine(Support.of(_layer_reasons(layer)))
+
+    return supports
 
 
-def fp8_availability(device: torch.device) -> Availability:
-    """Triton present, and a CUDA device of compute capability 8.9+ (FP8 dot products), or the CPU interpreter."""
-    return _availability(device, (8, 9))
+dense_supports = _supports((8, 0))
+"""Triton present, a CUDA GPU of compute capability 8.0+ (bf16 dot products) or the CPU interpreter (by name only),
+and a layer the kernels compute."""
+
+fp8_supports = _supports((8, 9))
+"""As :data:`dense_supports`, on compute capability 8.9+ (FP8 dot products, E4M3 scale conversion)."""
 
 
 def _dense_runner(config: MoeRunnerConfig) -> Runner[TritonDenseWeights]:
@@ -112,7 +136,8 @@ TRITON_DENSE: BackendKey[TritonDenseWeights] = register_backend(
     "triton-dense",
     description="Triton fused MoE, bf16/fp16 weights (float32 canonical weights rounded to bf16)",
     factory=_dense_runner,
-    availability=dense_availability,
+    supports=dense_supports,
+    priority=Priority(Tier.KERNEL, order=0),
     conversions=[Conversion(DENSE, TritonDenseWeights.from_dense)],
 )
 """bf16/fp16 experts."""
@@ -121,7 +146,8 @@ TRITON_NVFP4_W4A16: BackendKey[TritonNvfp4W4A16Weights] = register_backend(
     "triton-nvfp4-w4a16",
     description="Triton fused MoE, NVFP4 weights dequantized in the kernel, bf16/fp16 activations",
     factory=_nvfp4_w4a16_runner,
-    availability=nvfp4_availability,
+    supports=fp8_supports,
+    priority=Priority(Tier.KERNEL, order=0),
     conversions=[Conversion(NVFP4_W4A16, TritonNvfp4W4A16Weights.from_nvfp4)],
 )
 """NVFP4 W4A16 experts (the Hopper fallback for NVFP4 checkpoints)."""
@@ -130,7 +156,8 @@ TRITON_FP8: BackendKey[TritonFp8Weights] = register_backend(
     "triton-fp8",
     description="Triton fused MoE, FP8 W8A8: per-tensor weights with static input scales, or per-channel with per-token",
     factory=_fp8_runner,
-    availability=fp8_availability,
+    supports=fp8_supports,
+    priority=Priority(Tier.KERNEL, order=0),
     conversions=[
         Conversion(FP8, TritonFp8Weights.from_fp8),
         Conversion(FP8_CHANNEL, TritonFp8Weights.from_fp8_channel),
@@ -142,7 +169,8 @@ TRITON_FP8_BLOCK: BackendKey[TritonFp8BlockWeights] = register_backend(
     "triton-fp8-block",
     description="Triton fused MoE, FP8 W8A8 with 128x128 block weight scales and 1x128 activation groups",
     factory=_fp8_block_runner,
-    availability=fp8_availability,
+    supports=fp8_supports,
+    priority=Priority(Tier.KERNEL, order=0),
     conversions=[Conversion(FP8_BLOCK_SCALED, TritonFp8BlockWeights.from_fp8_block)],
 )
 """Block-scaled FP8 experts (DeepSeek-V3, Qwen3 FP8 checkpoints)."""

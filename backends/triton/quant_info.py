@@ -33,7 +33,7 @@ from moe_core import (
     Fp8TensorScale,
     LinearBlockScales,
     Nvfp4ExpertWeights,
-    Nvfp4MoeWeights,
+    Nvfp4W4A16MoeWeights,
 )
 from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
 from moe_core.fp8 import FP8_BLOCK
@@ -128,8 +128,8 @@ class TritonNvfp4W4A16Weights:
         require_same_device([("w13_packed", self.w13_packed), ("w2_packed", self.w2_packed), ("scales", self.gate_up_dequant)])
 
     @classmethod
-    def from_nvfp4(cls, weights: Nvfp4MoeWeights) -> TritonNvfp4W4A16Weights:
-        """The canonical NVFP4 weights for W4A16: the same codes and block scales; the input scales are not used."""
+    def from_nvfp4(cls, weights: Nvfp4W4A16MoeWeights) -> TritonNvfp4W4A16Weights:
+        """The canonical NVFP4 W4A16 weights as the kernels read them: the same codes and block scales."""
         gate_packed, gate_block = _packed(weights.w13.gate)
         up_packed, up_block = _packed(weights.w13.up)
         w2_packed, w2_block = _packed(weights.w2)
