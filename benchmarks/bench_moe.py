@@ -47,13 +47,17 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from moe_core import (  # noqa: E402
+    DENSE,
+    FP8,
     DenseMoeWeights,
+    DeviceSpec,
     ExpertQuantizeGlobalScales,
     Fp8BlockExpertWeights,
     Fp8BlockMoeWeights,
     Fp8ChannelExpertWeights,
     Fp8ChannelMoeWeights,
     Fp8MoeWeights,
+    LayerSpec,
     LinearBlockScales,
     Nvfp4MoeWeights,
     QuantizeGlobalScale,
@@ -247,17 +251,17 @@ def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, ba
         block = TritonFp8BlockWeights.from_fp8_block(fp8_block_layer(w13, w2))
         runners["triton fp8 block"] = (TRITON_FP8_BLOCK.bind(config, block), 1.0 + 1 / 128**2 * 4, False, True)
     if "triton-nvfp4-w4a16" in backends:
-        nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2))
+        nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2).without_activation_quantization())
         runners["triton nvfp4 w4a16"] = (TRITON_NVFP4_W4A16.bind(config, nvfp4), 0.5 + 1 / 16, False, False)
     if "flashinfer-cutlass-bf16" in backends:
-        verdict = FLASHINFER_CUTLASS_BF16.availability(w13.device)
+        verdict = FLASHINFER_CUTLASS_BF16.supports(DeviceSpec.of(w13.device), LayerSpec(config, DENSE))
         if verdict.ok:
             cutlass = CutlassBf16Weights.from_dense(DenseMoeWeights(w13=w13, w2=w2))
             runners["flashinfer cutlass bf16"] = (FLASHINFER_CUTLASS_BF16.bind(config, cutlass), 2.0, True, False)
         else:
             print(f"  flashinfer-cutlass-bf16 skipped: {'; '.join(verdict.reasons)}", flush=True)
     if "flashinfer-cutlass-fp8" in backends:
-        verdict = FLASHINFER_CUTLASS_FP8.availability(w13.device)
+        verdict = FLASHINFER_CUTLASS_FP8.supports(DeviceSpec.of(w13.device), LayerSpec(config, FP8))
         if verdict.ok:
             fp8 = CutlassFp8Weights.from_fp8(fp8_layer(config, w13, w2))
             runners["flashinfer cutlass fp8"] = (FLASHINFER_CUTLASS_FP8.bind(config, fp8), 1.0, True, True)

@@ -111,7 +111,7 @@ def gemm_for(fmt: str, config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Ten
         block = TritonFp8BlockWeights.from_fp8_block(fp8_block_layer(w13, w2))
         return lambda index, c: fp8_block_gemms(block, c, c)[index]
     if fmt == "nvfp4":
-        nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2))
+        nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2).without_activation_quantization())
         return lambda index, c: nvfp4_w4a16_gemms(nvfp4, c, c)[index]
     raise ValueError(f"--formats: unknown {fmt!r}; choose from bf16, fp8, fp8-block, nvfp4")
 

@@ -14,8 +14,9 @@ if not torch.cuda.is_available():
     # Triton's kernels run under its CPU interpreter here; the flag must be set before they are defined.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import moe_core.backends.reference  # noqa: F401  # registers the reference backends
 from moe_core import registry
+
+registry.discover_backends()
 
 
 @pytest.fixture
@@ -28,8 +29,10 @@ def gen() -> torch.Generator:
 
 @pytest.fixture
 def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Registrations made by the test vanish after it, and so do the plugin modules it imported."""
+    """Registrations made by the test vanish after it, and so do the plugin modules it imported; discovery runs
+    afresh inside it (so monkeypatched entry points are found)."""
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_DISCOVERY", {})
     yield
     for name in [name for name in sys.modules if name.startswith("tests.plugins.")]:
         del sys.modules[name]

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 from moe_core import DenseMoeWeights, MoeRunnerConfig, StandardDispatchOutput, TopKOutput, create_runner, select_experts
-from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16, FLASHINFER_CUTLASS_FP8
+from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16, FLASHINFER_CUTLASS_FP8, bf16_device_support
+from moe_core.capability import DeviceSpec
 from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassFp8Weights
 from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_FP8
 from moe_core.synthetic import quantize_fp8_layer
@@ -32,7 +33,7 @@ from tests.one_scale_layers import fp8_shared_scale
 from moe_core.check import relative_error
 
 CUDA = torch.device("cuda") if torch.cuda.is_available() else None
-AVAILABLE = CUDA is not None and FLASHINFER_CUTLASS_BF16.availability(CUDA).ok
+AVAILABLE = CUDA is not None and bf16_device_support(DeviceSpec.of(CUDA)).ok
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason="flashinfer-cutlass-bf16 is unavailable here")
 
 TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}

@@ -67,6 +67,7 @@ from moe_core.backends.flashinfer_trtllm_fp4.kernel import TrtllmFp4Kernels, loa
 from moe_core.backends.flashinfer_trtllm_fp4.quant_info import TrtllmFp4Weights
 from moe_core.backends.flashinfer_trtllm_fp4.runner import TrtllmFp4Runner
 from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_FP8, REFERENCE_NVFP4
+from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.check import relative_error
 from moe_core.synthetic import quantize_fp8_layer, quantize_nvfp4_layer, random_dense_layer
 from tests.kernel_models import cutlass_fused_moe as cutlass_model
@@ -171,13 +172,15 @@ def nvfp4_reference(config: MoeRunnerConfig, weights: Nvfp4MoeWeights, dispatch:
     return create_runner(REFERENCE_NVFP4, config).run(dispatch, weights)
 
 
+LAYER_128 = MoeRunnerConfig(num_experts=8, hidden_size=128, intermediate_size_per_partition=128, top_k=2)
+
+
 def expect_refusal(key: BackendKey[Any], cpu_reasons: str) -> None:
     """``create_runner`` raises with the backend's reasons for the current device (``cpu_reasons`` on the CPU)."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else CPU
-    reasons = "; ".join(key.availability(device).reasons) if device.type == "cuda" else cpu_reasons
-    config = MoeRunnerConfig(num_experts=8, hidden_size=128, intermediate_size_per_partition=128, top_k=2)
+    reasons = key.supports(DeviceSpec.of(device), LayerSpec(LAYER_128, key.formats[0])).describe() if device.type == "cuda" else cpu_reasons
     with pytest.raises(BackendUnavailableError, match=re.escape(f"{key.name} cannot run on {device}: {reasons}")):
-        create_runner(key, config)
+        create_runner(key, LAYER_128)
 
 
 class TestTrtllmFp4:
@@ -367,7 +370,8 @@ class TestCutlass:
         expect_refusal(FLASHINFER_CUTLASS_NVFP4, "needs a CUDA GPU of SM100 or SM103 or SM110 or SM120 or SM121, not cpu")
         for key in (FLASHINFER_CUTLASS_BF16, FLASHINFER_CUTLASS_FP8):
             if torch.cuda.is_available():
-                assert key.availability(torch.device("cuda")).ok == (torch.cuda.get_device_capability() >= (9, 0))
+                verdict = key.supports(DeviceSpec.of(torch.device("cuda")), LayerSpec(LAYER_128, key.formats[0]))
+                assert verdict.ok == (torch.cuda.get_device_capability() >= (9, 0))
             else:
                 expect_refusal(key, "needs a CUDA GPU of SM90 or later, not cpu")
 

@@ -1,36 +1,49 @@
-"""The dispatch table at run time: registration, routes, choice by name, faulty plugins."""
+"""The dispatch table at run time: registration, discovery, capability, rank, degradation, choice by name, faulty plugins."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from importlib.metadata import EntryPoint, entry_points
 
+import attrs
 import pytest
 import torch
 
 from moe_core import (
     DENSE,
+    FP8_BLOCK_SCALED,
     NVFP4,
-    Availability,
+    Activation,
     BackendKey,
     BackendSelectionError,
+    DeviceSpec,
     FormatRoute,
+    LayerSpec,
     MoeRunnerConfig,
     Nvfp4MoeWeights,
+    Priority,
     StandardDispatchOutput,
+    Support,
+    Tier,
     TopKOutput,
+    candidates,
+    choose,
     create_runner,
-    load_entry_point_backends,
+    discover_backends,
+    plugin_errors,
     register_backend,
     registered_backends,
     select_backend,
 )
 from moe_core import registry
 from moe_core.backends.reference import (
+    ORACLE,
     REFERENCE_DENSE,
     REFERENCE_NVFP4,
     ReferenceDenseRunner,
-    reference_availability,
+    reference_supports,
 )
 from moe_core.registry import ENTRY_POINT_GROUP
 from moe_core.synthetic import random_dense_layer, random_nvfp4_layer
@@ -38,6 +51,7 @@ from tests.type_cases.accepted import third_party_backend
 from tests.type_cases.accepted.third_party_backend import ScaledIdentityQuantInfo
 
 CONFIG = MoeRunnerConfig(num_experts=4, hidden_size=32, intermediate_size_per_partition=16, top_k=2)
+MIXTRAL = MoeRunnerConfig(num_experts=8, hidden_size=4096, intermediate_size_per_partition=14336, top_k=2)
 
 
 def with_plugins(monkeypatch: pytest.MonkeyPatch, **modules: str) -> None:
@@ -71,7 +85,8 @@ def test_third_party_backend_registers_and_runs(
 
     expected = x * (factors[ids.long()] * weights).sum(dim=1, keepdim=True)
     assert torch.allclose(out, expected, rtol=1e-6, atol=0)
-    assert third_party_key.availability(torch.device("meta")).reasons == ("runs on the CPU only, not meta",)
+    meta = DeviceSpec.parse("meta")
+    assert third_party_key.supports(meta, LayerSpec(CONFIG, DENSE)).reasons == ("runs on the CPU only, not meta",)
     assert third_party_key.formats == (DENSE,)
 
 
@@ -84,15 +99,17 @@ def test_backends_of_different_quant_info_are_chosen_by_name_through_routes(
     topk = dispatch.topk
     expected = dispatch.hidden_states * (factors[topk.topk_ids.long()] * topk.topk_weights).sum(dim=1, keepdim=True)
     assert torch.allclose(forward(dispatch), expected, rtol=1e-6, atol=0)
-    first_available = third_party_backend.choose(third_party_key, CONFIG, weights, None)
-    assert torch.equal(first_available(dispatch), forward(dispatch)), "the toy is listed first and runs on the CPU"
+    first_fit = third_party_backend.choose(third_party_key, CONFIG, weights, None)
+    assert torch.equal(first_fit(dispatch), forward(dispatch)), "the toy is listed first and runs on the CPU"
 
 
 def test_names_register_once(third_party_key: BackendKey[ScaledIdentityQuantInfo]) -> None:
     with pytest.raises(ValueError, match="'example-scaled-identity' is already registered"):
         third_party_backend.register()
     with pytest.raises(ValueError, match="non-empty str"):
-        register_backend("", description="", factory=ReferenceDenseRunner, availability=reference_availability)
+        register_backend("", description="", factory=ReferenceDenseRunner, supports=reference_supports, priority=ORACLE)
+    with pytest.raises(TypeError, match="priority: expected a Priority, got int"):
+        register_backend("x", description="", factory=ReferenceDenseRunner, supports=reference_supports, priority=2)  # type: ignore[arg-type]  # the runtime check under test
 
 
 def test_unregistered_key_is_refused() -> None:
@@ -100,8 +117,9 @@ def test_unregistered_key_is_refused() -> None:
         _name="reference-dense",
         _description="copy",
         _factory=ReferenceDenseRunner,
-        _availability=reference_availability,
+        _supports=reference_supports,
         _conversions=(),
+        _priority=ORACLE,
     )
     with pytest.raises(ValueError, match="'reference-dense' is not registered"):
         create_runner(impostor, CONFIG)
@@ -130,84 +148,166 @@ def test_routes_convert_checked_weights_and_bind(gen: torch.Generator) -> None:
         route.quant_info(weights.dequantize())  # type: ignore[arg-type]  # the runtime check under test
 
 
-def test_select_backend_by_name_first_available_and_errors() -> None:
-    def needs_gpu(device: torch.device) -> Availability:
-        return Availability.unavailable("needs a CUDA device") if device.type != "cuda" else Availability.available()
-
-    gpu_only = register_backend(
-        "test-gpu-only", description="", factory=REFERENCE_NVFP4.factory, availability=needs_gpu,
-        conversions=REFERENCE_NVFP4.conversions,
-    )
-    routes: list[FormatRoute[Nvfp4MoeWeights]] = [gpu_only.route(NVFP4), REFERENCE_NVFP4.route(NVFP4)]
-    cpu = torch.device("cpu")
-
-    chosen = select_backend(routes, cpu)
-    assert chosen.chosen is routes[1]
-    assert chosen.summary() == "backend reference-nvfp4; unavailable: test-gpu-only (needs a CUDA device)"
-    assert select_backend(routes, cpu, name="reference-nvfp4").chosen is routes[1]
-    with pytest.raises(BackendSelectionError, match="unknown backend 'trtllm'; the choices are: test-gpu-only, reference-nvfp4"):
-        select_backend(routes, cpu, name="trtllm")
-    with pytest.raises(BackendSelectionError, match=r"backend 'test-gpu-only' cannot run on cpu: needs a CUDA device \(all choices: test-gpu-only: needs a CUDA device; reference-nvfp4: available\)"):
-        select_backend(routes, cpu, name="test-gpu-only")
-    with pytest.raises(BackendSelectionError, match="no backend runs on cpu: test-gpu-only: needs a CUDA device"):
-        select_backend([gpu_only], cpu)
-    with pytest.raises(BackendSelectionError, match="at least one"):
-        select_backend([], cpu)
-
-
-def test_availability_rejects_a_bare_string() -> None:
-    with pytest.raises(TypeError, match=r"Availability.reasons: expected a tuple of non-empty str, got 'a string'"):
-        Availability("a string")  # type: ignore[arg-type]  # the runtime check under test
-    assert Availability.unavailable("needs SM100", "flashinfer missing").reasons == ("needs SM100", "flashinfer missing")
-
-
-def test_entry_points_name_the_reference_backend() -> None:
-    assert load_entry_point_backends().get("reference", "missing") is None, f"is moe-core installed? ({ENTRY_POINT_GROUP})"
-    names = [backend.name for backend in registered_backends()]
-    assert names[:2] == [REFERENCE_DENSE.name, REFERENCE_NVFP4.name]
-
-
-def test_broken_entry_point_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    broken = EntryPoint("broken", "no_such_module_for_moe_core", ENTRY_POINT_GROUP)
-    monkeypatch.setattr(registry, "entry_points", lambda group: [broken])
-    assert load_entry_point_backends() == {"broken": "ModuleNotFoundError: No module named 'no_such_module_for_moe_core'"}
+def _needs_gpu(device: DeviceSpec, layer: LayerSpec) -> Support:
+    return Support.no("needs a CUDA device") if device.kind != "cuda" else Support.yes()
 
 
 @pytest.mark.usefixtures("isolated_registry")
-def test_a_plugin_that_fails_after_registering_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_select_backend_by_name_first_fit_and_errors() -> None:
+    gpu_only = register_backend(
+        "test-gpu-only", description="", factory=REFERENCE_NVFP4.factory, supports=_needs_gpu,
+        conversions=REFERENCE_NVFP4.conversions, priority=Priority(Tier.KERNEL),
+    )
+    routes: list[FormatRoute[Nvfp4MoeWeights]] = [gpu_only.route(NVFP4), REFERENCE_NVFP4.route(NVFP4)]
+    cpu, layer = torch.device("cpu"), LayerSpec(CONFIG, NVFP4)
+
+    chosen = select_backend(routes, cpu, layer)
+    assert chosen.chosen is routes[1]
+    assert chosen.summary() == "backend reference-nvfp4; passed over: test-gpu-only (needs a CUDA device)"
+    assert select_backend(routes, cpu, layer, name="reference-nvfp4").chosen is routes[1]
+    with pytest.raises(BackendSelectionError, match="unknown backend 'trtllm' for nvfp4 on cpu; the choices are: test-gpu-only, reference-nvfp4"):
+        select_backend(routes, cpu, layer, name="trtllm")
+    with pytest.raises(BackendSelectionError, match=r"backend 'test-gpu-only' cannot run nvfp4 on cpu: needs a CUDA device \(all choices: test-gpu-only: needs a CUDA device; reference-nvfp4: fits\)"):
+        select_backend(routes, cpu, layer, name="test-gpu-only")
+    with pytest.raises(BackendSelectionError, match="no backend runs nvfp4 on cpu: test-gpu-only: needs a CUDA device"):
+        select_backend([gpu_only], cpu, layer)
+    with pytest.raises(BackendSelectionError, match="no backend takes nvfp4 weights"):
+        select_backend([], cpu, layer)
+    assert select_backend(routes, DeviceSpec.parse("sm90"), layer).chosen is routes[0], "a described GPU needs no GPU here"
+
+
+def test_support_rejects_a_bare_string() -> None:
+    with pytest.raises(TypeError, match=r"Support.reasons: expected a tuple of non-empty str, got 'a string'"):
+        Support("a string")  # type: ignore[arg-type]  # the runtime check under test
+    assert Support.no("needs SM100", "flashinfer missing").reasons == ("needs SM100", "flashinfer missing")
+    both = Support.no("a").combine(Support(by_name_only="slow"))
+    assert both.reasons == ("a",) and both.by_name_only == "slow" and not both.ranked
+
+
+def test_in_tree_backends_are_found_without_importing_them() -> None:
+    """A fresh process that imports only moe_core finds the Triton and FlashInfer backends (no import, no call)."""
+    program = "from moe_core import NVFP4, candidates; print(' '.join(route.name for route in candidates(NVFP4)))"
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    names = result.stdout.split()
+    assert names[:3] == ["flashinfer-trtllm-fp4", "flashinfer-cutlass-nvfp4", "triton-nvfp4-w4a16"], names
+    assert names[3:] == ["reference-nvfp4", "reference-nvfp4-w4a16"], "oracles last, the degraded one after the direct"
+
+
+def test_candidates_rank_by_tier_then_order_and_strict_leaves_out_degradations() -> None:
+    ranked = candidates(NVFP4)
+    tiers = [route.priority.tier for route in ranked]
+    assert tiers == sorted(tiers)
+    assert [route.degradation is not None for route in ranked] == [False, False, True, False, True]
+    assert [route.name for route in candidates(NVFP4, strict=True)] == [
+        "flashinfer-trtllm-fp4", "flashinfer-cutlass-nvfp4", "reference-nvfp4"
+    ]
+    assert [route.format for route in ranked] == [NVFP4] * 5
+
+
+def test_choose_degrades_nvfp4_to_w4a16_on_hopper_and_strict_says_what_would_run() -> None:
+    layer = LayerSpec(MIXTRAL, NVFP4)
+    hopper = choose(NVFP4, DeviceSpec.parse("sm90"), layer)
+    assert hopper.chosen.name == "triton-nvfp4-w4a16"
+    assert hopper.degradation is not None and hopper.degradation.startswith("nvfp4 -> nvfp4-w4a16: activations stay 16-bit")
+    assert "(degraded: nvfp4 -> nvfp4-w4a16" in hopper.summary()
+    with pytest.raises(BackendSelectionError, match=r"strict: no degradation; without strict, triton-nvfp4-w4a16 would run"):
+        choose(NVFP4, DeviceSpec.parse("sm90"), layer, name="triton-nvfp4-w4a16", strict=True)
+    strict = choose(NVFP4, DeviceSpec.parse("sm90"), layer, strict=True)
+    assert strict.chosen.name == "reference-nvfp4", "strict on Hopper: only the W4A4 oracle fits"
+    assert choose(NVFP4, DeviceSpec.parse("cpu"), layer).chosen.name == "reference-nvfp4"
+    assert choose(NVFP4, DeviceSpec.parse("sm100+flashinfer"), layer).chosen.name == "flashinfer-cutlass-nvfp4"
+
+
+def test_the_triton_interpreter_runs_by_name_only() -> None:
+    cpu = DeviceSpec(kind="cpu", live=True, triton_interpreter=True, with_packages=frozenset({"triton"}))
+    layer = LayerSpec(CONFIG, DENSE)
+    by_rank = choose(DENSE, cpu, layer)
+    assert by_rank.chosen.name != "triton-dense"
+    (triton,) = [c for c in by_rank.considered if c.name == "triton-dense"]
+    assert triton.support.ok and triton.support.by_name_only is not None and "interpreter" in triton.support.by_name_only
+    picked = choose(DENSE, cpu, layer, name="triton-dense")
+    assert picked.chosen.name == "triton-dense"
+
+
+def test_a_backend_that_cannot_honour_a_config_field_is_passed_over() -> None:
+    gelu = LayerSpec(attrs.evolve(MIXTRAL, activation=Activation.GELU_GATED), DENSE)
+    chosen = choose(DENSE, DeviceSpec.parse("sm90"), gelu)
+    assert chosen.chosen.name == "triton-dense"
+    fp32 = LayerSpec(MIXTRAL, DENSE, torch.float32)
+    passed = choose(DENSE, DeviceSpec.parse("sm90"), fp32)
+    assert passed.chosen.name == "flashinfer-cutlass-bf16" or passed.chosen.name == "reference-dense"
+    assert "triton-dense (takes bf16/fp16 hidden states, not torch.float32)" in passed.summary()
+    odd = attrs.evolve(MIXTRAL, hidden_size=4096 + 64)
+    block = choose(FP8_BLOCK_SCALED, DeviceSpec.parse("sm90"), LayerSpec(odd, FP8_BLOCK_SCALED))
+    assert block.chosen.name == "reference-fp8-block"
+    assert "multiples of 128" in block.summary()
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "capability"),
+    [("cpu", "cpu", None), ("sm90", "cuda", (9, 0)), ("sm100", "cuda", (10, 0)), ("sm103", "cuda", (10, 3)), ("sm120+flashinfer", "cuda", (12, 0))],
+)
+def test_device_spec_parses_described_devices(text: str, kind: str, capability: tuple[int, int] | None) -> None:
+    spec = DeviceSpec.parse(text)
+    assert (spec.kind, spec.capability) == (kind, capability)
+    assert not spec.live or kind == "cpu"
+
+
+def test_device_spec_packages_and_refusals() -> None:
+    assert DeviceSpec.parse("sm90").has("triton"), "a CUDA build of torch brings Triton"
+    assert not DeviceSpec.parse("sm90-triton").has("triton")
+    assert DeviceSpec.parse("sm90+no_such_package").has("no_such_package")
+    assert not DeviceSpec.parse("sm90-flashinfer").has("flashinfer")
+    with pytest.raises(ValueError, match="device 'sm9x': expected a torch device"):
+        DeviceSpec.parse("sm9x")
+    with pytest.raises(ValueError, match=r"device 'sm90\+': expected a torch device"):
+        DeviceSpec.parse("sm90+")
+    with pytest.raises(ValueError, match=r"device 'sm90\+triton\+': expected packages as \+name or -name"):
+        DeviceSpec.parse("sm90+triton+")
+
+
+def test_a_broken_entry_point_stays_a_row_with_its_reason(monkeypatch: pytest.MonkeyPatch, isolated_registry: None) -> None:
+    broken = EntryPoint("broken", "no_such_module_for_moe_core", ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [broken])
+    assert plugin_errors() == {"broken": "ModuleNotFoundError: No module named 'no_such_module_for_moe_core'"}
+    (row,) = [entry for entry in registered_backends() if entry.name == "broken"]
+    verdict = row.supports(DeviceSpec.parse("cpu"), LayerSpec(CONFIG, DENSE))
+    assert verdict.broken and verdict.reasons == ("failed to load: ModuleNotFoundError: No module named 'no_such_module_for_moe_core'",)
+
+
+def test_a_plugin_that_fails_after_registering_leaves_nothing(monkeypatch: pytest.MonkeyPatch, isolated_registry: None) -> None:
     with_plugins(monkeypatch, half="tests.plugins.raises_after_register")
 
-    outcome = load_entry_point_backends()
+    outcome = discover_backends()
 
     assert outcome["half"] == "ImportError: missing its kernel library"
     assert "half-made" not in [entry.name for entry in registered_backends()]
 
 
-@pytest.mark.usefixtures("isolated_registry")
-def test_a_plugin_cannot_take_the_reference_name(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plugin_cannot_take_the_reference_name(monkeypatch: pytest.MonkeyPatch, isolated_registry: None) -> None:
     with_plugins(monkeypatch, impostor="tests.plugins.takes_reference_name")
 
-    outcome = load_entry_point_backends()
+    outcome = discover_backends()
 
     assert outcome["impostor"] == "ValueError: name: a backend named 'reference-nvfp4' is already registered"
     (entry,) = [entry for entry in registered_backends() if entry.name == "reference-nvfp4"]
     assert entry.description == REFERENCE_NVFP4.description
 
 
-@pytest.mark.usefixtures("isolated_registry")
-def test_an_availability_check_that_raises_is_reported_as_broken(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_supports_check_that_raises_is_reported_as_broken(monkeypatch: pytest.MonkeyPatch, isolated_registry: None) -> None:
     with_plugins(monkeypatch, faulty="tests.plugins.faulty_backends")
-    assert load_entry_point_backends()["faulty"] is None
+    assert discover_backends()["faulty"] is None
 
-    (entry,) = [entry for entry in registered_backends() if entry.name == "faulty-availability"]
-    verdict = entry.availability(torch.device("cpu"))
+    (entry,) = [entry for entry in registered_backends() if entry.name == "faulty-supports"]
+    verdict = entry.supports(DeviceSpec.parse("cpu"), LayerSpec(CONFIG, NVFP4))
 
-    assert verdict.broken and verdict.reasons == ("availability check raised RuntimeError: driver probe crashed",)
+    assert verdict.broken and verdict.reasons == ("supports check raised RuntimeError: driver probe crashed",)
+    assert choose(NVFP4, torch.device("cpu"), LayerSpec(CONFIG, NVFP4)).chosen.name == "reference-nvfp4"
 
 
-def test_availability_reports_reasons() -> None:
-    assert reference_availability(torch.device("cpu")).ok
-    assert not reference_availability(torch.device("meta")).ok
+def test_reference_supports_reasons() -> None:
+    layer = LayerSpec(CONFIG, DENSE)
+    assert reference_supports(DeviceSpec.parse("cpu"), layer).ok
+    assert reference_supports(DeviceSpec.parse("meta"), layer).reasons == ("meta tensors hold no values to compute with",)
     if not torch.cuda.is_available():
-        verdict = reference_availability(torch.device("cuda"))
-        assert not verdict.ok and "torch cannot allocate on cuda" in verdict.reasons[0]
+        assert reference_supports(DeviceSpec.parse("cuda"), layer).reasons == ("torch sees no CUDA device",)

@@ -62,7 +62,7 @@ def routed_batch(checkpoint: MoeCheckpoint, scheme: ExpertScheme[Nvfp4MoeWeights
 
 def nvfp4_layer(directory: Path, layer: int) -> tuple[MoeCheckpoint, ExpertScheme[Nvfp4MoeWeights]]:
     checkpoint = MoeCheckpoint(directory)
-    scheme = checkpoint.load_layer(layer)
+    scheme = checkpoint.load_layer(layer, keep_canonical=True)
     assert isinstance(scheme, (CompressedTensorsW4A4Nvfp4MoE, ModelOptNvfp4MoE))
     return checkpoint, scheme
 
@@ -188,7 +188,7 @@ def test_unquantized_layer_matches_transformers_moe_block(layer: int, gen: torch
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(str(BF16), dtype=torch.float32)
     checkpoint = MoeCheckpoint(BF16)
-    scheme = checkpoint.load_layer(layer)
+    scheme = checkpoint.load_layer(layer, keep_canonical=True)
     assert isinstance(scheme, UnquantizedMoE)
     dispatch = routed_batch(checkpoint, scheme, layer, 37, gen)
     with torch.no_grad():
@@ -199,7 +199,7 @@ def test_unquantized_layer_matches_transformers_moe_block(layer: int, gen: torch
 def test_llmcompressor_checkpoint_is_our_input_dtype_quantization_of_its_bf16_source() -> None:
     for layer in LAYERS:
         bf16 = MoeCheckpoint(BF16)
-        source = bf16.load_into(layer, UnquantizedMoE(bf16.runner_config())).weights
+        source = bf16.load_into(layer, UnquantizedMoE(bf16.runner_config()), keep_canonical=True).weights
         _, scheme = nvfp4_layer(CT_NVFP4, layer)
         stored = loaded_weights(scheme)
         assert source is not None

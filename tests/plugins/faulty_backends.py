@@ -1,6 +1,6 @@
 """Backends that misbehave as real plugins do, for the tests of ``moe-core info`` and ``check``.
 
-Importing this module registers them: one whose availability check raises,
+Importing this module registers them: one whose supports check raises,
 and two whose outputs have the wrong shape (one broadcastable, one not).
 """
 
@@ -9,15 +9,15 @@ from __future__ import annotations
 import attrs
 import torch
 
-from moe_core import NVFP4, Availability, Conversion, DispatchOutput, MoeRunnerConfig, Nvfp4MoeWeights, register_backend
-from moe_core.backends.reference import ReferenceNvfp4Runner, reference_availability
+from moe_core import NVFP4, Conversion, DeviceSpec, DispatchOutput, LayerSpec, MoeRunnerConfig, Nvfp4MoeWeights, Support, register_backend
+from moe_core.backends.reference import ORACLE, ReferenceNvfp4Runner, reference_supports
 
 
 def _as_is(weights: Nvfp4MoeWeights) -> Nvfp4MoeWeights:
     return weights
 
 
-def _raising_availability(device: torch.device) -> Availability:
+def _raising_supports(device: DeviceSpec, layer: LayerSpec) -> Support:
     raise RuntimeError("driver probe crashed")
 
 
@@ -43,23 +43,26 @@ class ExtraColumnRunner:
 
 
 register_backend(
-    "faulty-availability",
-    description="availability check raises",
+    "faulty-supports",
+    description="supports check raises",
     factory=ReferenceNvfp4Runner,
-    availability=_raising_availability,
+    supports=_raising_supports,
+    priority=ORACLE,
     conversions=[Conversion(NVFP4, _as_is)],
 )
 register_backend(
     "faulty-broadcast-shape",
     description="returns [1, H]",
     factory=FirstRowRunner,
-    availability=reference_availability,
+    supports=reference_supports,
+    priority=ORACLE,
     conversions=[Conversion(NVFP4, _as_is)],
 )
 register_backend(
     "faulty-wrong-shape",
     description="returns [T, H + 1]",
     factory=ExtraColumnRunner,
-    availability=reference_availability,
+    supports=reference_supports,
+    priority=ORACLE,
     conversions=[Conversion(NVFP4, _as_is)],
 )

@@ -1,12 +1,13 @@
 """A plugin that registers a backend and then fails while still importing."""
 
 from moe_core import register_backend
-from moe_core.backends.reference import ReferenceNvfp4Runner, reference_availability
+from moe_core.backends.reference import ORACLE, ReferenceNvfp4Runner, reference_supports
 
 register_backend(
     "half-made",
     description="registered, then its module raised",
     factory=ReferenceNvfp4Runner,
-    availability=reference_availability,
+    supports=reference_supports,
+    priority=ORACLE,
 )
 raise ImportError("missing its kernel library")

@@ -6,16 +6,20 @@ from typing_extensions import assert_type
 
 from moe_core import (
     DENSE,
-    Availability,
     BackendKey,
     Conversion,
     DenseMoeWeights,
+    DeviceSpec,
     DispatchFormat,
     DispatchOutput,
     FormatRoute,
+    LayerSpec,
     MoeForward,
     MoeRunnerConfig,
+    Priority,
     Runner,
+    Support,
+    Tier,
     check_run_inputs,
     create_runner,
     register_backend,
@@ -51,10 +55,10 @@ class ScaledIdentityRunner:
         return dispatch.hidden_states * factor.sum(dim=1, keepdim=True).to(dispatch.hidden_states.dtype)
 
 
-def cpu_only(device: torch.device) -> Availability:
-    if device.type != "cpu":
-        return Availability.unavailable(f"runs on the CPU only, not {device.type}")
-    return Availability.available()
+def cpu_only(device: DeviceSpec, layer: LayerSpec) -> Support:
+    if device.kind != "cpu":
+        return Support.no(f"runs on the CPU only, not {device.kind}")
+    return Support.yes()
 
 
 def from_dense(weights: DenseMoeWeights) -> ScaledIdentityQuantInfo:
@@ -68,7 +72,8 @@ def register() -> BackendKey[ScaledIdentityQuantInfo]:
         "example-scaled-identity",
         description="toy third-party backend",
         factory=ScaledIdentityRunner,
-        availability=cpu_only,
+        supports=cpu_only,
+        priority=Priority(Tier.FALLBACK),
         conversions=[Conversion(DENSE, from_dense)],
     )
     assert_type(key, BackendKey[ScaledIdentityQuantInfo])
@@ -84,5 +89,5 @@ def choose(
 ) -> MoeForward:
     """Backends of different quant info types fed from one format are chosen among by name, as routes."""
     routes: list[FormatRoute[DenseMoeWeights]] = [key.route(DENSE), REFERENCE_DENSE.route(DENSE)]
-    selection = select_backend(routes, torch.device("cpu"), name=flag)
+    selection = select_backend(routes, torch.device("cpu"), LayerSpec(config, DENSE), name=flag)
     return selection.chosen.bind(config, weights)

@@ -5,6 +5,7 @@ from typing_extensions import assert_type
 
 from moe_core import (
     NVFP4,
+    LayerSpec,
     BackendKey,
     BoundRunner,
     DenseMoeWeights,
@@ -34,7 +35,7 @@ def forward(config: MoeRunnerConfig, dispatch: DispatchOutput, weights: Nvfp4Moe
 def by_name_among_keys(config: MoeRunnerConfig, name: str | None) -> Runner[Nvfp4MoeWeights]:
     """Keys of one quant info type: the chosen one keeps it."""
     keys: list[BackendKey[Nvfp4MoeWeights]] = [REFERENCE_NVFP4]
-    chosen = select_backend(keys, torch.device("cpu"), name=name).chosen
+    chosen = select_backend(keys, torch.device("cpu"), LayerSpec(config, NVFP4), name=name).chosen
     assert_type(chosen, BackendKey[Nvfp4MoeWeights])
     return create_runner(chosen, config)
 
