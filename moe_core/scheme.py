@@ -144,6 +144,11 @@ class ExpertScheme(abc.ABC, Generic[W]):
         self.selection = selection
         self.weights = weights if keep_canonical else None
 
+    @property
+    def forward(self) -> MoeForward | None:
+        """The chosen backend's runner bound to its quant info (what :meth:`apply` calls), once processed."""
+        return self._forward
+
     def apply(self, dispatch: DispatchOutput) -> torch.Tensor:
         """The layer's ``[T, H]`` output through the chosen backend's runner."""
         if self._forward is None:
