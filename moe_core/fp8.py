@@ -40,6 +40,19 @@ MIN_DYNAMIC_SCALE = 1.0 / (E4M3_MAX * 512.0)
 """The floor of a per-token scale, so an all-zero row quantizes to zeros instead of dividing by zero (vLLM's)."""
 
 
+def _amax_scale(amax: torch.Tensor) -> torch.Tensor:
+    """``amax / 448`` correctly rounded, the same on every device.
+
+    CUDA computes ``tensor / number`` as ``tensor * fl(1 / number)``; 1/448 is
+    inexact, so about 6 scales in 10 came out one ulp off the CPU's. bf16
+    inputs often land exactly on an E4M3 rounding tie at ``x / scale`` (short
+    significands), and that ulp rounds them the other way: the dynamic FP8
+    references missed the float64 MoE by 1e-2 on an H200. A tensor divisor on
+    ``amax``'s device is a true division everywhere.
+    """
+    return amax / torch.full((), E4M3_MAX, dtype=amax.dtype, device=amax.device)
+
+
 @final
 @attrs.frozen(eq=False)
 class Fp8TensorScale(_ScalarScale):
@@ -48,7 +61,7 @@ class Fp8TensorScale(_ScalarScale):
     @classmethod
     def from_amax(cls, amax: float | torch.Tensor) -> Fp8TensorScale:
         """The scale that maps ``amax`` (one value > 0) onto 448."""
-        return cls(_value=_scalar_amax(amax) / E4M3_MAX)
+        return cls(_value=_amax_scale(_scalar_amax(amax)))
 
     @classmethod
     def from_checkpoint(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> Fp8TensorScale:
@@ -65,7 +78,7 @@ class ExpertFp8Scales(_ExpertScales):
     @classmethod
     def from_amax(cls, amax: torch.Tensor) -> ExpertFp8Scales:
         """One scale per expert from per-expert amax values ``[E]``."""
-        return cls(_value=_expert_amax(amax) / E4M3_MAX)
+        return cls(_value=_amax_scale(_expert_amax(amax)))
 
 
 @attrs.frozen(eq=False)
@@ -109,7 +122,7 @@ class Fp8ChannelScales(_ScaleGrid):
         tensor = _float_tensor("amax", amax)
         require_ndim("amax", tensor, 2, "[num_experts, rows]")
         require_positive("amax", tensor)
-        return cls(_value=tensor / E4M3_MAX)
+        return cls(_value=_amax_scale(tensor))
 
     @classmethod
     def from_checkpoint(cls, tensor: torch.Tensor) -> Fp8ChannelScales:
@@ -159,7 +172,7 @@ def fake_quantize_fp8(x: torch.Tensor, scale: Fp8TensorScale) -> torch.Tensor:
 def dynamic_fp8_scales(x: torch.Tensor) -> torch.Tensor:
     """Per-token (per-row) dequantize-side scales of ``x [T, K]``: ``max(amax / 448, MIN_DYNAMIC_SCALE)``, ``[T, 1]`` float32."""
     amax = x.to(torch.float32).abs().amax(dim=-1, keepdim=True)
-    return (amax / E4M3_MAX).clamp_min(MIN_DYNAMIC_SCALE)
+    return _amax_scale(amax).clamp_min(MIN_DYNAMIC_SCALE)
 
 
 def fake_quantize_fp8_per_token(x: torch.Tensor) -> torch.Tensor:
@@ -178,7 +191,7 @@ def _groups(x: torch.Tensor) -> torch.Tensor:
 
 def group_fp8_scales(x: torch.Tensor) -> torch.Tensor:
     """Per-token, per-128-column-group scales of ``x [T, K]``: ``max(amax / 448, MIN_DYNAMIC_SCALE)``, ``[T, K / 128]``."""
-    return (_groups(x).to(torch.float32).abs().amax(dim=-1) / E4M3_MAX).clamp_min(MIN_DYNAMIC_SCALE)
+    return _amax_scale(_groups(x).to(torch.float32).abs().amax(dim=-1)).clamp_min(MIN_DYNAMIC_SCALE)
 
 
 def fake_quantize_fp8_per_group(x: torch.Tensor) -> torch.Tensor:
@@ -388,5 +401,5 @@ class Fp8BlockExpertWeights(_Fp8Stack):
         padded = torch.zeros(experts, row_blocks * FP8_BLOCK, col_blocks * FP8_BLOCK, dtype=torch.float32, device=w.device)
         padded[:, :rows, :cols] = w.detach().abs()
         amax = padded.reshape(experts, row_blocks, FP8_BLOCK, col_blocks, FP8_BLOCK).amax(dim=(2, 4))
-        scales = Fp8BlockScales(_value=torch.where(amax > 0, amax, torch.ones_like(amax)) / E4M3_MAX)
+        scales = Fp8BlockScales(_value=_amax_scale(torch.where(amax > 0, amax, torch.ones_like(amax))))
         return cls(quantize_fp8(w, cls._grid(scales.value, rows, cols)), scales)

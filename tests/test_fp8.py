@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from moe_core.backends.reference import REFERENCE_FP8_BLOCK, REFERENCE_FP8_CHANNEL
 from moe_core import (
     ExpertFp8Scales,
     Fp8BlockExpertWeights,
@@ -12,14 +13,21 @@ from moe_core import (
     Fp8BlockScales,
     Fp8ChannelExpertWeights,
     Fp8ChannelScales,
+    Fp8TensorScale,
+    MoeRunnerConfig,
 )
+from moe_core.check import oracle_tolerance, relative_error
+from moe_core.float64_moe import float64_moe, fp8_per_group_round_trips, fp8_per_token_round_trips
 from moe_core.fp8 import (
     MIN_DYNAMIC_SCALE,
     dynamic_fp8_scales,
     fake_quantize_fp8_per_group,
     fake_quantize_fp8_per_token,
     group_fp8_scales,
+    quantize_fp8,
 )
+from moe_core.synthetic import quantize_fp8_block_layer, quantize_fp8_channel_layer, random_dense_layer
+from tests.devices import DEVICES
 
 E4M3_STEP = 2.0**-3
 """E4M3's relative spacing of normal values (3 mantissa bits): a round trip is within half of it."""
@@ -86,3 +94,51 @@ def test_per_token_and_per_group_round_trips(gen: torch.Generator) -> None:
     assert 10 * float((trip - x)[1, :128].abs().max()) < float((per_token - x)[1, :128].abs().max())
     with pytest.raises(ValueError, match="expected a multiple of 128 columns for 1x128 groups, got 200"):
         group_fp8_scales(x[:, :200])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scales_from_amax_are_amax_over_448_rounded_once_on_every_device(gen: torch.Generator, device: torch.device) -> None:
+    """Every ``amax / 448`` is the float64 quotient rounded to float32 (CUDA's ``tensor / 448.0`` is one ulp off in 6 of 10)."""
+    amax = torch.rand(64, 256, generator=gen) * torch.logspace(-3, 3, 256)[None, :] + 1e-3
+    exact = (amax.double() / 448).float()
+    on = amax.to(device)
+    assert torch.equal(dynamic_fp8_scales(on).cpu(), exact.amax(dim=1, keepdim=True))  # amax is its own row's max
+    assert torch.equal(group_fp8_scales(on).cpu(), exact.reshape(64, 2, 128).amax(dim=2))
+    assert torch.equal(Fp8ChannelScales.from_amax(on).value.cpu(), exact)
+    assert torch.equal(ExpertFp8Scales.from_amax(on[0]).value.cpu(), exact[0])
+    assert torch.equal(Fp8TensorScale.from_amax(on[0, 7]).value.cpu(), exact[0, 7:8])
+    blocks = Fp8BlockExpertWeights.quantize(on.reshape(2, 32, 256).repeat_interleave(4, dim=1)).scales.value
+    assert torch.equal(blocks.cpu(), exact.reshape(2, 32, 2, 128).amax(dim=(1, 3))[:, None, :])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_values_on_e4m3_rounding_ties_round_to_even_on_every_device(device: torch.device) -> None:
+    """A bf16 token with amax 3.0625 puts these values exactly halfway between two E4M3 codes: each takes the even one.
+
+    Token 19 of the CLI's layer; with a scale one ulp large (CUDA's ``amax / 448.0``) they all round down instead.
+    """
+    token = torch.tensor([3.0625, 0.2119140625, -0.423828125, 1.0390625, 1.6953125, 0.1572265625, -0.73828125])
+    halfway = token.double() * 448 / 3.0625
+    assert halfway.tolist() == [448.0, 31.0, -62.0, 152.0, 248.0, 23.0, -108.0]
+    even = [448.0, 32.0, -64.0, 160.0, 256.0, 24.0, -112.0]
+    x = token.to(torch.bfloat16).to(device)[None]
+    assert quantize_fp8(x, dynamic_fp8_scales(x)).float().cpu()[0].tolist() == even
+    grouped = torch.cat((x, torch.zeros(1, 121, dtype=torch.bfloat16, device=device)), dim=1)
+    assert quantize_fp8(grouped, group_fp8_scales(grouped)).float().cpu()[0, :7].tolist() == even
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["per-token", "per-group"])
+def test_dynamic_references_match_float64_on_the_cli_layer(device: torch.device, fmt: str) -> None:
+    """``moe-core check``'s default layer (seed 0, bf16): its tokens 19 and 22 hold exact E4M3 ties."""
+    config = MoeRunnerConfig(num_experts=8, hidden_size=256, intermediate_size_per_partition=512, top_k=2)
+    dense, dispatch = random_dense_layer(config, 64, torch.bfloat16, device, seed=0)
+    if fmt == "per-token":
+        channel = quantize_fp8_channel_layer(config, dense, dispatch)
+        out = REFERENCE_FP8_CHANNEL.bind(config, channel)(dispatch)
+        w13, w2, trips = channel.w13.dequantize(), channel.w2.dequantize(), fp8_per_token_round_trips()
+    else:
+        block = quantize_fp8_block_layer(config, dense, dispatch)
+        out = REFERENCE_FP8_BLOCK.bind(config, block)(dispatch)
+        w13, w2, trips = block.w13.dequantize(), block.w2.dequantize(), fp8_per_group_round_trips()
+    assert relative_error(out, float64_moe(config, dispatch, w13, w2, trips)) <= oracle_tolerance(torch.bfloat16)
