@@ -11,7 +11,6 @@ from moe_core.block_scales import LinearBlockScales, SwizzledBlockScales
 from moe_core.config import Activation, MoeRunnerConfig, RoutingMethod
 from moe_core.conversion import AnyConversion, Conversion, Degradation, FormatInfo, WeightFormat
 from moe_core.dispatch import DispatchFormat, DispatchOutput, StandardDispatchOutput, TopKOutput
-from moe_core.formats import DENSE, FP8, FP8_BLOCK_SCALED, FP8_CHANNEL, NVFP4, NVFP4_W4A16
 from moe_core.fp8 import (
     ExpertFp8Scales,
     Fp8BlockExpertWeights,
@@ -29,7 +28,13 @@ from moe_core.global_scales import (
     ExpertScalePolicy,
     QuantizeGlobalScale,
 )
-from moe_core.moe_weights import (
+from moe_core.formats import (
+    DENSE,
+    FP8,
+    FP8_BLOCK_SCALED,
+    FP8_CHANNEL,
+    NVFP4,
+    NVFP4_W4A16,
     DenseMoeWeights,
     Fp8BlockMoeWeights,
     Fp8ChannelMoeWeights,

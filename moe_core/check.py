@@ -44,7 +44,7 @@ from moe_core.conversion import FormatInfo, WeightFormat
 from moe_core.dispatch import StandardDispatchOutput
 from moe_core.float64_moe import float64_moe, fp8_per_group_round_trips, fp8_per_token_round_trips, fp8_round_trips, nvfp4_round_trips
 from moe_core.formats import DENSE, FP8, FP8_BLOCK_SCALED, FP8_CHANNEL, NVFP4, NVFP4_W4A16
-from moe_core.moe_weights import (
+from moe_core.formats import (
     DenseMoeWeights,
     Fp8BlockMoeWeights,
     Fp8ChannelMoeWeights,

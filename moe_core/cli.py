@@ -26,7 +26,7 @@ from moe_core.check import __doc__ as CHECK_DOC
 from moe_core.checkpoint import MoeCheckpoint
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput
-from moe_core.moe_weights import DenseMoeWeights, Nvfp4MoeWeights
+from moe_core.formats import DenseMoeWeights, Nvfp4MoeWeights
 from moe_core.registry import plugin_errors as registry_plugin_errors
 from moe_core.registry import registered_backends
 from moe_core.routing import select_experts

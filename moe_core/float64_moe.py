@@ -15,7 +15,7 @@ from moe_core.config import Activation, MoeRunnerConfig
 from moe_core.dispatch import DispatchOutput
 from moe_core.fp8 import Fp8TensorScale, fake_quantize_fp8, fake_quantize_fp8_per_group, fake_quantize_fp8_per_token
 from moe_core.global_scales import QuantizeGlobalScale
-from moe_core.moe_weights import Fp8MoeWeights, Nvfp4MoeWeights
+from moe_core.formats import Fp8MoeWeights, Nvfp4MoeWeights
 from moe_core.nvfp4 import Nvfp4Tensor
 
 RoundTrip = Callable[[torch.Tensor], torch.Tensor]

@@ -135,7 +135,8 @@ def _quantize_blocks(
     amax = _as_blocks(x).abs().amax(dim=-1)
     if arithmetic is Nvfp4Arithmetic.FLOAT32:
         amax = amax.to(torch.float32)
-    per_block = (amax / E2M1_MAX).to(torch.float32)
+    # a tensor divisor: CUDA would multiply by fl(1/6) for a Python one (see moe_core.fp8's correctly rounded scales)
+    per_block = (amax / torch.full((), E2M1_MAX, dtype=amax.dtype, device=amax.device)).to(torch.float32)
     blocks = _as_blocks(x.to(torch.float32))
     scales = (gs * per_block).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
     scales = torch.where(scales == 0, UNDERFLOW_SCALE, scales)

@@ -10,7 +10,7 @@ from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput
 from moe_core.fp8 import Fp8BlockExpertWeights, Fp8ChannelExpertWeights, Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
 from moe_core.global_scales import QuantizeGlobalScale
-from moe_core.moe_weights import DenseMoeWeights, Fp8BlockMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
+from moe_core.formats import DenseMoeWeights, Fp8BlockMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights
 from moe_core.routing import select_experts
 

@@ -11,8 +11,12 @@ from safetensors.torch import save_file
 
 from moe_core import (
     NVFP4,
-    Availability,
     BackendSelectionError,
+    DeviceSpec,
+    LayerSpec,
+    Priority,
+    Support,
+    Tier,
     ExpertScalePolicy,
     GateUpScalePolicy,
     StandardDispatchOutput,
@@ -20,9 +24,7 @@ from moe_core import (
     register_backend,
     select_experts,
 )
-import moe_core.backends.flashinfer_cutlass  # noqa: F401  # registers the scheme's preferred NVFP4 backends
-import moe_core.backends.flashinfer_trtllm_fp4  # noqa: F401
-from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4, ReferenceNvfp4Runner
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
 from moe_core.checkpoint import MoeCheckpoint
 from moe_core.expert_params import ExpertShard
 from moe_core.scheme import UnsupportedCheckpoint
@@ -113,7 +115,7 @@ def test_disagreeing_scales_under_require_equal_policies() -> None:
     # every expert saw every calibration token, so w1/w3 input scales agree; w2's differ per expert
     with pytest.raises(ValueError, match=r"model.layers.0.block_sparse_moe of .*: QuantizeGlobalScale: experts disagree"):
         checkpoint.load_into(0, strict)
-    weights = checkpoint.load_into(0, CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config())).weights
+    weights = checkpoint.load_into(0, CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config()), keep_canonical=True).weights
     assert weights is not None
     with pytest.raises(ValueError, match=re.escape("w13: gate and up global scales differ for experts [0, 1, 2, 3, 4, 5, 6, 7]")):
         weights.w13.with_shared_global_scales(GateUpScalePolicy.REQUIRE_EQUAL)
@@ -129,7 +131,7 @@ def test_engine_style_loading_one_expert_and_shard_at_a_time_with_expert_paralle
     """
     checkpoint = MoeCheckpoint(CT_SPLIT)
     tensors = read_tensors(CT_SPLIT)
-    full = checkpoint.load_into(0, CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config()))
+    full = checkpoint.load_into(0, CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config()), keep_canonical=True)
     assert full.weights is not None
     x = torch.randn(23, checkpoint.hidden_size, generator=gen).to(torch.bfloat16)
     dispatch = StandardDispatchOutput(x, select_experts(x.float() @ checkpoint.router_weight(0).float().T, full.config))
@@ -141,7 +143,7 @@ def test_engine_style_loading_one_expert_and_shard_at_a_time_with_expert_paralle
         for key, expert, shard, name in checkpoint.expert_keys(0):
             loaded += rank.load_expert_weight(name, tensors[key], expert_id=expert, shard=shard)
         assert loaded == 4 * 3 * 4  # 4 local experts, 3 projections, 4 tensors each; the rest skipped
-        rank.process_weights_after_loading()
+        rank.process_weights_after_loading(keep_canonical=True)
         assert rank.weights is not None
         assert torch.equal(rank.weights.w13.up.packed, full.weights.w13.up.packed[offset : offset + 4])
         assert torch.equal(rank.weights.w2.global_scales.value, full.weights.w2.global_scales.value[offset : offset + 4])
@@ -170,35 +172,41 @@ def test_parameters_can_be_created_on_meta_and_the_reference_says_why_it_cannot_
     assert scheme.params.gate_up("weight_packed").is_meta
 
 
-def _nowhere(device: torch.device) -> Availability:
-    return Availability.unavailable("needs a device this machine lacks")
+def _nowhere(device: DeviceSpec, layer: LayerSpec) -> Support:
+    return Support.no("needs a device this machine lacks")
 
 
 @pytest.mark.usefixtures("isolated_registry")
 def test_forced_backend_and_the_reasons_when_it_cannot_run() -> None:
     checkpoint = MoeCheckpoint(CT_NVFP4)
-    forced = CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config(), backend=REFERENCE_NVFP4)
-    assert forced.backend_choices() == (REFERENCE_NVFP4,)
+    route = REFERENCE_NVFP4.route(NVFP4)
+    forced = CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config(), backend=route)
+    assert forced.backend_choices() == (route,)
     never = register_backend(
         "test-never-nvfp4",
         description="a plugin that runs nowhere",
-        factory=ReferenceNvfp4Runner,
-        availability=_nowhere,
+        factory=REFERENCE_NVFP4.factory,
+        supports=_nowhere,
+        priority=Priority(Tier.KERNEL, order=5),
         conversions=[REFERENCE_NVFP4.route(NVFP4).conversion],
     )
     refused = CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config(), backend=never.route(NVFP4))
     tensors = read_tensors(CT_NVFP4)
     for key, expert, shard, name in checkpoint.expert_keys(0):
         refused.load_expert_weight(name, tensors[key], expert_id=expert, shard=shard)
-    with pytest.raises(BackendSelectionError, match="no backend runs on cpu: test-never-nvfp4: needs a device this machine lacks"):
+    with pytest.raises(BackendSelectionError, match="backend 'test-never-nvfp4' cannot run nvfp4 on cpu: needs a device this machine lacks"):
         refused.process_weights_after_loading()
-    # not forced: the plugin is one more choice (after the ones the scheme names), passed over with its reason
+    # not forced: the plugin is one more candidate where its declared rank puts it, passed over with its reason
     default = checkpoint.load_into(0, CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config()))
     names = [choice.name for choice in default.backend_choices()]
-    assert names == ["flashinfer-trtllm-fp4", "flashinfer-cutlass-nvfp4", "reference-nvfp4", "test-never-nvfp4"]
+    assert names == [
+        "flashinfer-trtllm-fp4", "flashinfer-cutlass-nvfp4", "test-never-nvfp4", "triton-nvfp4-w4a16", "reference-nvfp4",
+        "reference-nvfp4-w4a16",
+    ]
     summary = default.backend_summary()
-    assert summary.startswith("compressed-tensors-w4a4-nvfp4: backend reference-nvfp4; unavailable: flashinfer-trtllm-fp4 (")
-    assert summary.endswith("), test-never-nvfp4 (needs a device this machine lacks)")
+    assert summary.startswith("compressed-tensors-w4a4-nvfp4: backend reference-nvfp4; passed over: flashinfer-trtllm-fp4 (")
+    assert "test-never-nvfp4 (needs a device this machine lacks)" in summary
+    assert summary.endswith("triton-nvfp4-w4a16 (by name only: Triton's CPU interpreter (TRITON_INTERPRET=1): exact but slow, for tests)")
 
 
 def test_mixtral_w1_w3_w2_naming_in_one_file_loads_the_same_layer(tmp_path: Path, gen: torch.Generator) -> None:
@@ -216,8 +224,8 @@ def test_mixtral_w1_w3_w2_naming_in_one_file_loads_the_same_layer(tmp_path: Path
     assert any(".experts.0.w3.weight_global_scale" in key for key in MoeCheckpoint(target).weight_map)
 
     original, mixtral_named = MoeCheckpoint(CT_SPLIT), MoeCheckpoint(target)
-    first = original.load_into(1, CompressedTensorsW4A4Nvfp4MoE(original.runner_config()))
-    second = mixtral_named.load_into(1, CompressedTensorsW4A4Nvfp4MoE(mixtral_named.runner_config()))
+    first = original.load_into(1, CompressedTensorsW4A4Nvfp4MoE(original.runner_config()), keep_canonical=True)
+    second = mixtral_named.load_into(1, CompressedTensorsW4A4Nvfp4MoE(mixtral_named.runner_config()), keep_canonical=True)
     assert first.weights is not None and second.weights is not None
     assert torch.equal(first.weights.w13.up.packed, second.weights.w13.up.packed)
     assert torch.equal(first.weights.w13.up.global_scales.value, second.weights.w13.up.global_scales.value)

@@ -16,7 +16,7 @@ from moe_core.backends.reference import REFERENCE_FP8
 from moe_core.check import FORMAT_CHECKS, CheckRun, FormatCheck
 from moe_core.cli import format_table, main
 from moe_core.formats import FP8
-from moe_core.moe_weights import fp8_block_size_refusal
+from moe_core.formats import fp8_block_size_refusal
 from moe_core.registry import ENTRY_POINT_GROUP
 from moe_core.synthetic import random_dense_layer
 

@@ -42,7 +42,6 @@ from moe_core.backends.reference import (
     ORACLE,
     REFERENCE_DENSE,
     REFERENCE_NVFP4,
-    ReferenceDenseRunner,
     reference_supports,
 )
 from moe_core.registry import ENTRY_POINT_GROUP
@@ -107,16 +106,16 @@ def test_names_register_once(third_party_key: BackendKey[ScaledIdentityQuantInfo
     with pytest.raises(ValueError, match="'example-scaled-identity' is already registered"):
         third_party_backend.register()
     with pytest.raises(ValueError, match="non-empty str"):
-        register_backend("", description="", factory=ReferenceDenseRunner, supports=reference_supports, priority=ORACLE)
+        register_backend("", description="", factory=REFERENCE_DENSE.factory, supports=reference_supports, priority=ORACLE)
     with pytest.raises(TypeError, match="priority: expected a Priority, got int"):
-        register_backend("x", description="", factory=ReferenceDenseRunner, supports=reference_supports, priority=2)  # type: ignore[arg-type]  # the runtime check under test
+        register_backend("x", description="", factory=REFERENCE_DENSE.factory, supports=reference_supports, priority=2)  # type: ignore[arg-type]  # the runtime check under test
 
 
 def test_unregistered_key_is_refused() -> None:
     impostor = BackendKey(
         _name="reference-dense",
         _description="copy",
-        _factory=ReferenceDenseRunner,
+        _factory=REFERENCE_DENSE.factory,
         _supports=reference_supports,
         _conversions=(),
         _priority=ORACLE,

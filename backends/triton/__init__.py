@@ -41,7 +41,7 @@ from moe_core.backends.triton.quant_info import (
     TritonNvfp4W4A16Weights,
 )
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
-from moe_core.moe_weights import fp8_block_size_refusal
+from moe_core.formats import fp8_block_size_refusal
 
 ACTIVATIONS = (Activation.SILU_GATED, Activation.GELU_GATED)
 """The activations the first GEMM's fused epilogue computes."""

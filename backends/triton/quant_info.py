@@ -37,7 +37,7 @@ from moe_core import (
 )
 from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
 from moe_core.fp8 import FP8_BLOCK
-from moe_core.moe_weights import _TensorExperts
+from moe_core.formats._experts import TensorExperts
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 """Weight dtypes the dense kernels multiply."""
@@ -62,7 +62,7 @@ def _expert_dims(w13: torch.Tensor, w2: torch.Tensor, cols_per_element: int) -> 
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class TritonDenseWeights(_TensorExperts):
+class TritonDenseWeights(TensorExperts):
     """bf16 or fp16 expert weights, contiguous ``w13 [E, 2I, H]`` (gate rows first) and ``w2 [E, H, I]``."""
 
     w13: torch.Tensor
@@ -206,7 +206,7 @@ class Fp8Accumulation(enum.Enum):
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class TritonFp8Weights(_TensorExperts):
+class TritonFp8Weights(TensorExperts):
     """FP8 E4M3 W8A8 experts as the kernels read them: codes, per-channel dequantize-side scales, the activations' scheme.
 
     ``w13 [E, 2I, H]`` (gate rows first) with ``w13_scales [E, 2I]``, so the
@@ -270,7 +270,7 @@ class TritonFp8Weights(_TensorExperts):
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class TritonFp8BlockWeights(_TensorExperts):
+class TritonFp8BlockWeights(TensorExperts):
     """Block-scaled FP8 experts as the kernels read them: ``w13 [E, 2I, H]`` (gate rows first) and ``w2 [E, H, I]``,
     each with one dequantize-side scale per 128x128 block; H and I multiples of 128."""
 

@@ -10,7 +10,7 @@ import attrs
 import torch
 
 from moe_core import NVFP4, Conversion, DeviceSpec, DispatchOutput, LayerSpec, MoeRunnerConfig, Nvfp4MoeWeights, Support, register_backend
-from moe_core.backends.reference import ORACLE, ReferenceNvfp4Runner, reference_supports
+from moe_core.backends.reference import ORACLE, REFERENCE_NVFP4, reference_supports
 
 
 def _as_is(weights: Nvfp4MoeWeights) -> Nvfp4MoeWeights:
@@ -28,7 +28,7 @@ class FirstRowRunner:
     config: MoeRunnerConfig
 
     def run(self, dispatch: DispatchOutput, quant_info: Nvfp4MoeWeights, /) -> torch.Tensor:
-        return ReferenceNvfp4Runner(self.config).run(dispatch, quant_info)[:1]
+        return REFERENCE_NVFP4.factory(self.config).run(dispatch, quant_info)[:1]
 
 
 @attrs.frozen
@@ -38,14 +38,14 @@ class ExtraColumnRunner:
     config: MoeRunnerConfig
 
     def run(self, dispatch: DispatchOutput, quant_info: Nvfp4MoeWeights, /) -> torch.Tensor:
-        out = ReferenceNvfp4Runner(self.config).run(dispatch, quant_info)
+        out = REFERENCE_NVFP4.factory(self.config).run(dispatch, quant_info)
         return torch.cat((out, out[:, :1]), dim=1)
 
 
 register_backend(
     "faulty-supports",
     description="supports check raises",
-    factory=ReferenceNvfp4Runner,
+    factory=REFERENCE_NVFP4.factory,
     supports=_raising_supports,
     priority=ORACLE,
     conversions=[Conversion(NVFP4, _as_is)],

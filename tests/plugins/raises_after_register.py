@@ -1,12 +1,12 @@
 """A plugin that registers a backend and then fails while still importing."""
 
 from moe_core import register_backend
-from moe_core.backends.reference import ORACLE, ReferenceNvfp4Runner, reference_supports
+from moe_core.backends.reference import ORACLE, REFERENCE_NVFP4, reference_supports
 
 register_backend(
     "half-made",
     description="registered, then its module raised",
-    factory=ReferenceNvfp4Runner,
+    factory=REFERENCE_NVFP4.factory,
     supports=reference_supports,
     priority=ORACLE,
 )

@@ -1,0 +1,32 @@
+"""The dense format's reference: its weights upcast to float32, activations as they are."""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+import torch
+
+from moe_core.formats.dense.weights import DenseMoeWeights
+
+
+@final
+@attrs.frozen
+class DenseRecipe:
+    """Unquantized experts in float32."""
+
+    def gate_up(self, weights: DenseMoeWeights, expert: int) -> torch.Tensor:
+        """``w13[expert]`` in float32."""
+        return weights.w13[expert].to(torch.float32)
+
+    def down(self, weights: DenseMoeWeights, expert: int) -> torch.Tensor:
+        """``w2[expert]`` in float32."""
+        return weights.w2[expert].to(torch.float32)
+
+    def quantize_input(self, weights: DenseMoeWeights, x: torch.Tensor) -> torch.Tensor:
+        """Not quantized."""
+        return x
+
+    def quantize_hidden(self, weights: DenseMoeWeights, h: torch.Tensor) -> torch.Tensor:
+        """Not quantized."""
+        return h

@@ -1,0 +1,42 @@
+"""The NVFP4 W4A4 format's reference, the way the FP4 kernels compute: each GEMM's input quantized to NVFP4 with its
+scalar global input scale (16-element E4M3 blocks), times the dequantized FP4 weights, the gate and up halves of w13
+each with its own global scale. The gated activation is quantized from its float32 value; a kernel that writes it
+as bf16 first may round a few of its codes the other way."""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+import torch
+
+from moe_core.formats.nvfp4.weights import Nvfp4MoeWeights
+from moe_core.global_scales import QuantizeGlobalScale
+from moe_core.nvfp4 import Nvfp4Tensor
+
+
+def fake_quantize_nvfp4(x: torch.Tensor, global_scale: QuantizeGlobalScale) -> torch.Tensor:
+    """``x`` after an NVFP4 round trip with ``global_scale``, as float32."""
+    return Nvfp4Tensor.quantize(x, global_scale).dequantize()
+
+
+@final
+@attrs.frozen
+class Nvfp4Recipe:
+    """NVFP4 W4A4: FP4 activations and weights, float32 accumulation."""
+
+    def gate_up(self, weights: Nvfp4MoeWeights, expert: int) -> torch.Tensor:
+        """The gate and up halves dequantized, each with its own global scale."""
+        return weights.w13.dequantize_expert(expert)
+
+    def down(self, weights: Nvfp4MoeWeights, expert: int) -> torch.Tensor:
+        """``w2[expert]`` dequantized."""
+        return weights.w2.dequantize_expert(expert)
+
+    def quantize_input(self, weights: Nvfp4MoeWeights, x: torch.Tensor) -> torch.Tensor:
+        """An NVFP4 round trip with the first GEMM's input scale."""
+        return fake_quantize_nvfp4(x, weights.w13_input_scale)
+
+    def quantize_hidden(self, weights: Nvfp4MoeWeights, h: torch.Tensor) -> torch.Tensor:
+        """An NVFP4 round trip with the second GEMM's input scale."""
+        return fake_quantize_nvfp4(h, weights.w2_input_scale)
