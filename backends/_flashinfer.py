@@ -8,7 +8,7 @@ stable head of arguments by position and the rest by keyword, checks once
 with :func:`require_parameters` that the installed function takes them, and
 names enum members, never their numbers.
 
-Nothing here imports FlashInfer: availability must answer quickly, and on
+Nothing here imports FlashInfer: a backend's supports answer must come quickly, and on
 machines without it.
 """
 

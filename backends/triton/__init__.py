@@ -7,11 +7,14 @@ host synchronization (CUDA-graph capturable) and expert parallelism (local
 experts with an offset; pairs routed elsewhere contribute nothing); the FP8
 runner quantizes each GEMM input first (:mod:`.quantize`).
 
-Importing this module registers the keys without importing Triton, so a
-machine without it lists the backends as unavailable with the reason.
-Available on CUDA devices of compute capability 8.0 or newer (NVFP4: 8.9,
-for the E4M3 scale conversion; FP8: 8.9, for FP8 dot products), and on the CPU under Triton's interpreter
-(``TRITON_INTERPRET=1``: slow, for tests).
+Importing this module registers the keys (kernel tier, ahead of FlashInfer's
+CUTLASS MoE) without importing Triton, so a machine without it lists the
+backends as unsupported with the reason. They run layers of gated SiLU or
+GELU with bf16/fp16 hidden states on CUDA devices of compute capability 8.0
+or newer (NVFP4 and FP8: 8.9, for the E4M3 conversions and FP8 dot
+products); block-scaled FP8 needs sizes that are multiples of 128. On the
+CPU, Triton's interpreter (``TRITON_INTERPRET=1``: exact but slow, for
+tests) runs them when chosen by name, never by rank.
 """
 
 from __future__ import annotations
