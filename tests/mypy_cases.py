@@ -2,7 +2,7 @@
 
 Each file in ``type_cases/rejected`` marks the line mypy must reject with
 ``# expect: [code] message``; each file in ``type_cases/accepted`` must
-type-check, as must README's first Python example.
+type-check, as must every Python example in README.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ Verdict = set[tuple[int, str, str]]
 """mypy errors of one file: (line, code, message)."""
 
 
-def readme_example() -> str:
-    """README's first Python block, the example a new user copies."""
+def readme_examples() -> list[str]:
+    """README's Python blocks, the examples a new user copies, in order."""
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL)
     assert blocks, "README has no python example"
-    return str(blocks[0])
+    return [str(block) for block in blocks]
 
 
 def expected_errors(path: Path) -> Verdict:

@@ -22,7 +22,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from tests.mypy_cases import ACCEPTED, REJECTED, ROOT, check_verdict, errors_by_file, readme_example
+from tests.mypy_cases import ACCEPTED, REJECTED, ROOT, check_verdict, errors_by_file, readme_examples
 from tests.test_cli import table_rows
 
 WHEEL_SOURCES = ("pyproject.toml", "README.md", "moe_core", "backends", "schemes")
@@ -110,10 +110,13 @@ def installed(request: pytest.FixtureRequest) -> InstalledVenv:
 
 
 def _user_programs(directory: Path) -> dict[str, Path | None]:
-    """README's example and every typing case copied to ``directory``: {copy name: its rejected case or None}."""
+    """README's examples and every typing case copied to ``directory``: {copy name: its rejected case or None}."""
     directory.mkdir()
-    programs: dict[str, Path | None] = {"readme_example.py": None}
-    (directory / "readme_example.py").write_text(readme_example())
+    programs: dict[str, Path | None] = {}
+    for number, example in enumerate(readme_examples()):
+        name = f"readme_example_{number}.py"
+        (directory / name).write_text(example)
+        programs[name] = None
     for case in ACCEPTED:
         shutil.copy(case, directory / case.name)
         programs[case.name] = None
