@@ -1,0 +1,213 @@
+"""Expert-parallel dispatch and combine times on the Mixtral and DeepSeek-V3 shapes, on whatever this machine has.
+
+Run from the repository root::
+
+    python benchmarks/ep_bench.py [--shapes mixtral,deepseek] [--tokens 1,256,4096]
+        [--dispatchers local,all-to-all,all-gather,replicated] [--world-size N] [--iters 20]
+
+It starts one process per rank itself (spawn, a ``file://`` rendezvous):
+NCCL with one GPU per rank where there are several GPUs (world size: all of
+them), gloo with CUDA tensors at world size 2 where there is one, gloo on
+the CPU otherwise. Each rank routes ``T`` random bf16 tokens of its own
+(``T`` is per rank) with random logits; the expert computation is left out
+(the runner's stand-in returns its input rows), so the times are the
+dispatchers' own: ``dispatch`` (count exchange, host sync, packing, the
+payload collective, unpacking) and ``combine`` (the return collective and the
+slot sum). Each is the median over ``--iters`` calls after a barrier, the
+slowest rank's; ``rows`` is the most slot rows one rank's runner got. The
+``local`` row is the world-size-1 layer on each rank, for the cost of the slot
+layout alone. Not captured in CUDA graphs: the communicating dispatchers read
+split sizes back (``GraphCaptureError``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import attrs
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from moe_core.config import MoeRunnerConfig  # noqa: E402
+from moe_core.dispatch import StandardDispatchOutput, TopKOutput  # noqa: E402
+from moe_core.distributed import (  # noqa: E402
+    AllGatherDispatcher,
+    AllToAllDispatcher,
+    ExpertPlacement,
+    LocalDispatcher,
+    TokenDispatcher,
+    TokenSharding,
+)
+from moe_core.routing import select_experts  # noqa: E402
+
+SHAPES = {"mixtral": (8, 2, 4096), "deepseek": (256, 8, 7168)}
+"""name -> (experts, top_k, hidden)."""
+DISPATCHERS = ("local", "all-to-all", "all-gather", "replicated")
+HandleT = TypeVar("HandleT")
+T = TypeVar("T")
+
+
+@attrs.frozen
+class World:
+    """Where the ranks run."""
+
+    backend: str
+    world_size: int
+    device_type: str
+
+    def device(self, rank: int) -> torch.device:
+        if self.device_type == "cpu":
+            return torch.device("cpu")
+        return torch.device("cuda", rank if self.backend == "nccl" else 0)
+
+
+@attrs.frozen
+class Row:
+    shape: str
+    tokens: int
+    dispatcher: str
+    dispatch_ms: float
+    combine_ms: float
+    rows: int
+
+
+def available_world(world_size: int | None) -> World:
+    """NCCL over every GPU where there are several, gloo with CUDA tensors on one, gloo on the CPU without."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= 2:
+        return World("nccl", world_size or gpus, "cuda")
+    return World("gloo", world_size or 2, "cuda" if gpus == 1 else "cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], T], device: torch.device, group: dist.ProcessGroup | None) -> tuple[T, float]:
+    """``fn()`` and its wall time in ms, started together on every rank (``group``) with nothing queued."""
+    synchronize(device)
+    if group is not None:
+        dist.barrier(group)
+    start = time.perf_counter()
+    result = fn()
+    synchronize(device)
+    return result, (time.perf_counter() - start) * 1e3
+
+
+def measure(
+    dispatcher: TokenDispatcher[StandardDispatchOutput, HandleT],
+    batch: tuple[torch.Tensor, TopKOutput],
+    group: dist.ProcessGroup | None,
+    iters: int,
+) -> tuple[float, float, int]:
+    """Median dispatch and combine ms of this rank, and the slot rows its runner gets."""
+    device = batch[0].device
+    dispatch_ms, combine_ms, rows = [], [], 0
+    for _ in range(iters + 3):  # three warm-up calls
+        dispatched, took = timed(lambda: dispatcher.dispatch(*batch), device, group)
+        dispatch_ms.append(took)
+        out = dispatched.dispatch.hidden_states  # the runner's stand-in: one output row per slot row
+        rows = out.shape[0]
+        _, took = timed(lambda: dispatcher.combine(out, dispatched.handle), device, group)
+        combine_ms.append(took)
+    return statistics.median(dispatch_ms[3:]), statistics.median(combine_ms[3:]), rows
+
+
+def slowest(values: tuple[float, float, int], device: torch.device) -> tuple[float, float, int]:
+    """Each value's maximum over the ranks."""
+    reduced = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+    dispatch_ms, combine_ms, rows = reduced.tolist()
+    return dispatch_ms, combine_ms, int(rows)
+
+
+def run_rank(rank: int, world: World, init: str, shapes: list[str], tokens: list[int], dispatchers: list[str], iters: int) -> None:
+    """One rank: every shape, token count and dispatcher; rank 0 prints the table."""
+    device = world.device(rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(world.backend, init_method=init, rank=rank, world_size=world.world_size)
+    group = dist.group.WORLD
+    assert group is not None
+    rows: list[Row] = []
+    for shape in shapes:
+        experts, top_k, hidden = SHAPES[shape]
+        config = MoeRunnerConfig(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=128, top_k=top_k)
+        placement = ExpertPlacement(experts, world.world_size)
+        for count in tokens:
+            gen = torch.Generator(device=device).manual_seed(rank)
+            x = torch.randn(count, hidden, generator=gen, device=device).to(torch.bfloat16)
+            topk = select_experts(torch.randn(count, experts, generator=gen, device=device), config)
+            for name in dispatchers:
+                if name == "local":
+                    result = measure(LocalDispatcher(), (x, topk), None, iters)
+                elif name == "all-to-all":
+                    result = measure(AllToAllDispatcher(group, placement), (x, topk), group, iters)
+                else:
+                    sharding = TokenSharding.REPLICATED if name == "replicated" else TokenSharding.PER_RANK
+                    result = measure(AllGatherDispatcher(group, placement, sharding), (x, topk), group, iters)
+                rows.append(Row(shape, count, name, *slowest(result, device)))
+            del x, topk
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if rank == 0:
+        print(table(world, rows), flush=True)
+    dist.destroy_process_group()
+
+
+def table(world: World, rows: list[Row]) -> str:
+    lines = [
+        f"{world.backend}, world size {world.world_size}, {world.device_type} tensors; T per rank; ms: median, slowest rank",
+        "| shape | T | dispatcher | dispatch ms | combine ms | rows |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r.shape} | {r.tokens} | {r.dispatcher} | {r.dispatch_ms:.3f} | {r.combine_ms:.3f} | {r.rows} |" for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="mixtral,deepseek")
+    parser.add_argument("--tokens", default="1,256,4096")
+    parser.add_argument("--dispatchers", default=",".join(DISPATCHERS))
+    parser.add_argument("--world-size", type=int, default=None)
+    parser.add_argument("--iters", type=int, default=20)
+    args = parser.parse_args()
+    shapes, dispatchers = args.shapes.split(","), args.dispatchers.split(",")
+    for name, known in ((shapes, SHAPES), (dispatchers, DISPATCHERS)):
+        unknown = [item for item in name if item not in known]
+        if unknown:
+            parser.error(f"unknown {unknown}; the choices are {list(known)}")
+    tokens = [int(count) for count in args.tokens.split(",")]
+    world = available_world(args.world_size)
+    context = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as folder:
+        init = f"file://{Path(folder) / 'rendezvous'}"
+        ranks = [
+            context.Process(target=run_rank, args=(rank, world, init, shapes, tokens, dispatchers, args.iters))
+            for rank in range(world.world_size)
+        ]
+        for process in ranks:
+            process.start()
+        for process in ranks:
+            process.join()
+    failed = [rank for rank, process in enumerate(ranks) if process.exitcode != 0]
+    if failed:
+        sys.exit(f"ranks {failed} failed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Expert parallelism by all-gather and reduce-scatter: every rank sees every token and runs its own experts' slots.
+
+For data-parallel attention (each rank its own tokens, :attr:`TokenSharding.PER_RANK`):
+the ranks' token counts are gathered first (a host sync), then the token
+rows, padded to the largest count; after the runner, a reduce-scatter
+returns each rank its tokens' slot outputs. For tensor-parallel attention
+(every rank the same tokens, :attr:`TokenSharding.REPLICATED`) nothing is
+gathered and an all-reduce returns them. Choosing this rank's slots reads
+their count back (a host sync), so neither layout is capturable in a CUDA
+graph yet (:class:`GraphCaptureError`).
+
+Exact by construction: the buffer reduced holds one row per gathered
+``(token, slot)``, written by the one rank holding that slot's expert and
+zero bytes on every other rank. It is reduced as uint8, and an integer sum
+with a single non-zero addend is that addend, so the reduction hands over
+each slot output's bytes whatever order the collective adds in. The slots a
+rank computes are selected in gathered ``(token, slot)`` order, which is the
+layer's order with tokens numbered rank by rank, so each expert sees the
+single-rank layer's rows (see :mod:`moe_core.distributed.all_to_all`). The
+price is ``top_k`` output rows per token on the wire instead of one
+partial sum per token.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import final
+
+import attrs
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from moe_core.config import MoeRunnerConfig
+from moe_core.dispatch import StandardDispatchOutput, TopKOutput
+from moe_core.distributed.collectives import all_gather_rows, gather_counts, reduce_scatter_rows, refuse_capture, sum_rows
+from moe_core.distributed.placement import ExpertPlacement
+from moe_core.distributed.protocol import Dispatched
+from moe_core.distributed.slots import check_rows, slot_config, slot_rows, sum_slots
+from moe_core.distributed.wire import RowLayout, as_bytes, from_bytes
+
+
+class TokenSharding(enum.Enum):
+    """Which tokens a rank holds when the MoE layer starts."""
+
+    PER_RANK = "per_rank"
+    """Its own tokens, other ranks others (data-parallel attention): all-gather, then reduce-scatter."""
+    REPLICATED = "replicated"
+    """The same tokens as every other rank (tensor-parallel attention): no gather, all-reduce."""
+
+
+def token_layout(dtype: torch.dtype, hidden_size: int, top_k: int) -> RowLayout:
+    """A token row on the wire: its hidden state, its top-k expert ids and weights."""
+    return RowLayout(((dtype, hidden_size), (torch.int32, top_k), (torch.float32, top_k)))
+
+
+def gathered_slots(
+    hidden_states: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    token_counts: tuple[int, ...],
+    experts: range,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The slot rows of gathered tokens routed to ``experts``: hidden states, expert ids, weights, and their indices.
+
+    The gathered token rows (``[W * T_max, ...]``) are ``len(token_counts)``
+    blocks of ``T_max = max(token_counts)`` rows, block ``r`` holding rank
+    ``r``'s tokens then padding, which is never selected. Indices are flat
+    ``(token, slot)`` positions in that layout, ascending.
+    """
+    blocks, padded, top_k = len(token_counts), max(token_counts, default=0), topk_ids.shape[1]
+    counts = torch.tensor(token_counts, device=topk_ids.device)
+    real = (torch.arange(padded, device=topk_ids.device) < counts[:, None]).reshape(blocks * padded, 1)
+    mine = real & (topk_ids >= experts.start) & (topk_ids < experts.stop)
+    selected = mine.flatten().nonzero().flatten()
+    return hidden_states[selected // top_k], topk_ids.flatten()[selected], topk_weights.flatten()[selected], selected
+
+
+@final
+@attrs.frozen(eq=False)
+class AllGatherHandle:
+    """What the combine of one all-gather dispatch reads."""
+
+    selected: torch.Tensor
+    """int64: the gathered ``(token, slot)`` index of each row this rank's runner got."""
+    token_counts: tuple[int, ...]
+    """Tokens of each rank, in rank order (one entry, this rank's, when tokens are replicated)."""
+    top_k: int
+
+
+def slot_buffer(out: torch.Tensor, handle: AllGatherHandle) -> torch.Tensor:
+    """uint8 rows of every gathered ``(token, slot)``: this rank's outputs where it ran the slot, zero bytes elsewhere."""
+    check_rows(out, handle.selected.numel())
+    data = as_bytes(out)
+    slots = len(handle.token_counts) * max(handle.token_counts, default=0) * handle.top_k
+    return data.new_zeros((slots, data.shape[1])).index_copy_(0, handle.selected, data)
+
+
+@final
+@attrs.frozen(eq=False)
+class AllGatherDispatcher:
+    """Runs this rank's experts on every rank's tokens; gathers tokens, reduces slot outputs (see the module)."""
+
+    group: dist.ProcessGroup
+    placement: ExpertPlacement
+    tokens: TokenSharding = TokenSharding.PER_RANK
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.placement, ExpertPlacement):
+            raise TypeError(f"placement: expected an ExpertPlacement, got {type(self.placement).__name__}")
+        if self.placement.world_size != self.group.size():
+            raise ValueError(
+                f"placement: expected world_size={self.group.size()} like the group, got {self.placement.world_size}"
+            )
+        if not isinstance(self.tokens, TokenSharding):
+            raise TypeError(f"tokens: expected a TokenSharding, got {self.tokens!r}")
+
+    def runner_config(self, config: MoeRunnerConfig) -> MoeRunnerConfig:
+        """This rank's experts of the layer's ``config``, over slot rows (``top_k = 1``)."""
+        return slot_config(self.placement.runner_config(config, self.group.rank()))
+
+    def dispatch(self, hidden_states: torch.Tensor, topk: TopKOutput) -> Dispatched[StandardDispatchOutput, AllGatherHandle]:
+        """The slot rows of every rank's tokens routed to this rank's experts, in gathered ``(token, slot)`` order."""
+        refuse_capture("AllGatherDispatcher.dispatch")
+        self.placement.check_routing(hidden_states, topk)
+        hidden, ids, weights = hidden_states, topk.topk_ids, topk.topk_weights
+        token_counts: tuple[int, ...] = (topk.num_tokens,)
+        if self.tokens is TokenSharding.PER_RANK:
+            world_size = self.group.size()
+            token_counts = gather_counts(topk.num_tokens, hidden_states.device, self.group, world_size)
+            layout = token_layout(hidden_states.dtype, hidden_states.shape[1], topk.top_k)
+            rows = F.pad(layout.pack(hidden, ids, weights), (0, 0, 0, max(token_counts) - topk.num_tokens))
+            hidden, ids, weights = layout.unpack(all_gather_rows(rows, self.group, world_size))
+        experts = self.placement.experts_of(self.group.rank())
+        slot_hidden, slot_ids, slot_weights, selected = gathered_slots(hidden, ids, weights, token_counts, experts)
+        dispatch = slot_rows(slot_hidden, slot_ids, slot_weights, topk.num_experts)
+        return Dispatched(dispatch, AllGatherHandle(selected, token_counts, topk.top_k))
+
+    def combine(self, out: torch.Tensor, handle: AllGatherHandle) -> torch.Tensor:
+        """Every slot output to its token's rank (bytes, exactly), then each token's slots added in slot order."""
+        buffer = slot_buffer(out, handle)
+        if self.tokens is TokenSharding.REPLICATED:
+            sum_rows(buffer, self.group)
+            mine = buffer
+        else:
+            rank = self.group.rank()
+            mine = reduce_scatter_rows(buffer, self.group, rank, self.group.size())
+            mine = mine[: handle.token_counts[rank] * handle.top_k]
+        return sum_slots(from_bytes(mine, out.dtype, out.shape[1]), handle.top_k)

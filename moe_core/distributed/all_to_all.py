@@ -1,0 +1,132 @@
+"""Expert parallelism by uneven all-to-all: each (token, slot) goes to the rank holding its expert, and comes back.
+
+Counts first (an all-to-all of ``W`` ints and one host sync for the split
+sizes), then one all-to-all of byte rows each way; every rank takes part in
+both, with or without tokens to send or receive. Not capturable in a CUDA
+graph (the split sizes are read back): :class:`GraphCaptureError`.
+
+Why the result is the single-rank layer's, bit for bit, for the reference
+runners: the sender orders its slots by destination rank with a stable sort,
+so each destination gets them in ``(token, slot)`` order; the all-to-all
+concatenates what it receives in source-rank order. With the layer's tokens
+numbered rank by rank, each expert therefore sees the same rows in the same
+order as on a single rank, so a runner whose results for an expert depend
+only on that expert's rows (the reference backends: one GEMM chain per
+expert over its rows) computes the same per-slot outputs; they come back as
+bytes, and :func:`~moe_core.distributed.slots.sum_slots` adds them in slot
+order. Kernels that choose their tiling by the total row count keep their
+own tolerance.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from moe_core.config import MoeRunnerConfig
+from moe_core.dispatch import StandardDispatchOutput, TopKOutput
+from moe_core.distributed.collectives import all_to_all_rows, exchange_counts, refuse_capture
+from moe_core.distributed.placement import ExpertPlacement
+from moe_core.distributed.protocol import Dispatched
+from moe_core.distributed.slots import check_rows, slot_config, slot_rows, sum_slots
+from moe_core.distributed.wire import RowLayout, as_bytes, from_bytes
+
+
+def slot_layout(dtype: torch.dtype, hidden_size: int) -> RowLayout:
+    """A slot row on the wire: its token's hidden state, its global expert id, its top-k weight."""
+    return RowLayout(((dtype, hidden_size), (torch.int32, 1), (torch.float32, 1)))
+
+
+@final
+@attrs.frozen(eq=False)
+class Outbox:
+    """This rank's slot rows ordered by destination rank, ready to send."""
+
+    rows: torch.Tensor
+    """uint8 ``[T * K, row bytes]`` (:func:`slot_layout`), destination rank 0's first, each in ``(token, slot)`` order."""
+    counts: torch.Tensor
+    """int64 ``[W]``: rows for each rank."""
+    inverse: torch.Tensor
+    """int64 ``[T * K]``: the row of ``rows`` holding slot ``t * K + k``."""
+
+    @classmethod
+    def pack(cls, hidden_states: torch.Tensor, topk: TopKOutput, placement: ExpertPlacement) -> Outbox:
+        """The outbox of ``hidden_states [T, H]`` routed by ``topk``."""
+        destination, order = torch.sort(placement.rank_of(topk.topk_ids).flatten(), stable=True)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        ranks = torch.arange(placement.world_size + 1, device=order.device)
+        counts = torch.searchsorted(destination, ranks).diff()  # no host sync, unlike bincount on CUDA
+        layout = slot_layout(hidden_states.dtype, hidden_states.shape[1])
+        rows = layout.pack(
+            hidden_states[order // topk.top_k], topk.topk_ids.flatten()[order], topk.topk_weights.flatten()[order]
+        )
+        return cls(rows, counts, inverse)
+
+
+def received_slots(rows: torch.Tensor, dtype: torch.dtype, hidden_size: int, num_experts: int) -> StandardDispatchOutput:
+    """The runner's input from the byte rows an all-to-all delivered."""
+    hidden, ids, weights = slot_layout(dtype, hidden_size).unpack(rows)
+    return slot_rows(hidden, ids, weights, num_experts)
+
+
+@final
+@attrs.frozen(eq=False)
+class AllToAllHandle:
+    """What the combine of one all-to-all dispatch reads."""
+
+    inverse: torch.Tensor
+    """int64 ``[T * K]``: where each ``(token, slot)`` of this rank sits among the rows sent (and returned)."""
+    send_splits: tuple[int, ...]
+    """Rows sent to each rank, which each returns."""
+    recv_splits: tuple[int, ...]
+    """Rows received from each rank, whose outputs go back."""
+    top_k: int
+
+
+def returned_slots(returned: torch.Tensor, handle: AllToAllHandle, dtype: torch.dtype, hidden_size: int) -> torch.Tensor:
+    """This rank's ``[T, H]`` output from its slot rows' outputs, returned as bytes in the order they were sent."""
+    slots = from_bytes(returned.index_select(0, handle.inverse), dtype, hidden_size)
+    return sum_slots(slots, handle.top_k)
+
+
+@final
+@attrs.frozen(eq=False)
+class AllToAllDispatcher:
+    """Sends each (token, slot) to the rank of its expert under ``placement`` and its output back."""
+
+    group: dist.ProcessGroup
+    placement: ExpertPlacement
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.placement, ExpertPlacement):
+            raise TypeError(f"placement: expected an ExpertPlacement, got {type(self.placement).__name__}")
+        if self.placement.world_size != self.group.size():
+            raise ValueError(
+                f"placement: expected world_size={self.group.size()} like the group, got {self.placement.world_size}"
+            )
+
+    def runner_config(self, config: MoeRunnerConfig) -> MoeRunnerConfig:
+        """This rank's experts of the layer's ``config``, over slot rows (``top_k = 1``)."""
+        return slot_config(self.placement.runner_config(config, self.group.rank()))
+
+    def dispatch(self, hidden_states: torch.Tensor, topk: TopKOutput) -> Dispatched[StandardDispatchOutput, AllToAllHandle]:
+        """The slot rows of every rank for this rank's experts, in source-rank then ``(token, slot)`` order."""
+        refuse_capture("AllToAllDispatcher.dispatch")
+        self.placement.check_routing(hidden_states, topk)
+        outbox = Outbox.pack(hidden_states, topk, self.placement)
+        send_splits, recv_splits = exchange_counts(outbox.counts, self.group)
+        received = all_to_all_rows(outbox.rows, send_splits, recv_splits, self.group)
+        handle = AllToAllHandle(outbox.inverse, send_splits, recv_splits, topk.top_k)
+        dispatch = received_slots(received, hidden_states.dtype, hidden_states.shape[1], topk.num_experts)
+        return Dispatched(dispatch, handle)
+
+    def combine(self, out: torch.Tensor, handle: AllToAllHandle) -> torch.Tensor:
+        """Each received row's output back to its rank; there, each token's slots added in slot order."""
+        check_rows(out, sum(handle.recv_splits))
+        returned = all_to_all_rows(as_bytes(out), handle.recv_splits, handle.send_splits, self.group)
+        return returned_slots(returned, handle, out.dtype, out.shape[1])
+

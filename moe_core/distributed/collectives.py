@@ -1,0 +1,86 @@
+"""The torch.distributed calls the dispatchers make: one code path for gloo (CPU or CUDA tensors) and NCCL.
+
+Payloads are uint8 rows (:mod:`moe_core.distributed.wire`), so no collective
+depends on which dtypes a backend moves; only the reduce-scatter is chosen by
+the group's backend name.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from moe_core.distributed.errors import GraphCaptureError
+
+
+def refuse_capture(where: str) -> None:
+    """Raise :class:`GraphCaptureError` if the current CUDA stream is capturing a graph."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise GraphCaptureError(
+            f"{where}: reads its split sizes back to the host once per call, which a CUDA graph cannot capture; "
+            "run it outside capture (a capturable dispatcher needs static split sizes, not built yet)"
+        )
+
+
+def backend_name(group: dist.ProcessGroup, device: torch.device) -> str:
+    """The backend that moves ``device``'s tensors in ``group``: ``"gloo"``, ``"nccl"``, ... (``"cpu:gloo,cuda:nccl"`` resolved)."""
+    name = str(dist.get_backend(group))
+    if ":" not in name:
+        return name
+    per_device = dict(item.split(":", 1) for item in name.split(","))
+    return per_device.get(device.type, name)
+
+
+def exchange_counts(send_counts: torch.Tensor, group: dist.ProcessGroup) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Rows this rank sends to each rank (int64 ``[W]``) and, after an all-to-all, receives from each: one host sync."""
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts, group=group)
+    both = [int(count) for count in torch.cat((send_counts, recv_counts)).tolist()]
+    world_size = send_counts.numel()
+    return tuple(both[:world_size]), tuple(both[world_size:])
+
+
+def all_to_all_rows(
+    rows: torch.Tensor, send_splits: tuple[int, ...], recv_splits: tuple[int, ...], group: dist.ProcessGroup
+) -> torch.Tensor:
+    """uint8 ``rows`` sent ``send_splits[r]`` rows to rank ``r`` (in rank order); the ``sum(recv_splits)`` rows received."""
+    received = rows.new_empty((sum(recv_splits), rows.shape[1]))
+    dist.all_to_all_single(
+        received, rows.contiguous(), output_split_sizes=list(recv_splits), input_split_sizes=list(send_splits), group=group
+    )
+    return received
+
+
+def all_gather_rows(rows: torch.Tensor, group: dist.ProcessGroup, world_size: int) -> torch.Tensor:
+    """Every rank's ``rows [n, B]`` (the same ``n`` on all ranks) stacked in rank order: ``[world_size * n, B]``."""
+    gathered = rows.new_empty((world_size * rows.shape[0], rows.shape[1]))
+    dist.all_gather(list(gathered.view(world_size, rows.shape[0], rows.shape[1]).unbind(0)), rows.contiguous(), group=group)
+    return gathered
+
+
+def gather_counts(count: int, device: torch.device, group: dist.ProcessGroup, world_size: int) -> tuple[int, ...]:
+    """Every rank's ``count``, in rank order: one host sync."""
+    mine = torch.tensor([[count]], dtype=torch.int64, device=device)
+    return tuple(int(value) for value in all_gather_rows(mine, group, world_size).flatten().tolist())
+
+
+def sum_rows(rows: torch.Tensor, group: dist.ProcessGroup) -> None:
+    """In place: ``rows`` summed over the ranks."""
+    dist.all_reduce(rows, group=group)
+
+
+def reduce_scatter_rows(rows: torch.Tensor, group: dist.ProcessGroup, rank: int, world_size: int) -> torch.Tensor:
+    """Block ``rank`` of ``rows [world_size * n, B]`` summed over the ranks: ``[n, B]``.
+
+    Gloo lacks reduce-scatter in the older torch releases this library
+    supports, so on gloo every release all-reduces and keeps this rank's
+    block (the same sum, ``world_size`` times the traffic: CPU tests, not
+    production); other backends reduce-scatter.
+    """
+    blocks = rows.view(world_size, rows.shape[0] // world_size, rows.shape[1])
+    if backend_name(group, rows.device) == "gloo":
+        sum_rows(rows, group)
+        return blocks[rank]
+    out = rows.new_empty(blocks.shape[1:])
+    dist.reduce_scatter(out, list(blocks.unbind(0)), group=group)
+    return out

@@ -1,0 +1,22 @@
+"""``benchmarks/ep_bench.py`` runs on whatever the tests run on (gloo on the CPU here) and prints its table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.mypy_cases import ROOT
+
+
+@pytest.mark.distributed
+def test_ep_bench_prints_a_row_per_token_count_and_dispatcher() -> None:
+    command = [sys.executable, "benchmarks/ep_bench.py", "--shapes", "mixtral", "--tokens", "1,3", "--iters", "1"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    cells = [line.strip("| ").split(" | ") for line in result.stdout.splitlines() if line.startswith("| mixtral |")]
+    dispatchers = ("local", "all-to-all", "all-gather", "replicated")
+    assert [(row[1], row[2]) for row in cells] == [(tokens, name) for tokens in ("1", "3") for name in dispatchers]
+    assert all(float(row[3]) >= 0 and float(row[4]) >= 0 for row in cells)
+    assert [row[5] for row in cells if row[2] == "local"] == ["2", "6"]  # top-2: a slot row per (token, slot)
