@@ -5,7 +5,9 @@ each architecture names them, and ``quantization_config``; ModelOpt's
 ``hf_quant_config.json`` where ``config.json`` has none), the shard index
 ``model.safetensors.index.json`` (or a single ``model.safetensors``), picks
 the scheme that takes the quantization config, and hands the layer's expert
-tensors to the scheme's loader one expert and one shard at a time.
+tensors to the scheme's loader one expert and one shard at a time. A
+safetensors file that cannot be read raises :class:`CorruptCheckpoint`,
+naming the file and its damage.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import TypeVar, final
 
 import attrs
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from moe_core.config import MoeRunnerConfig, RoutingMethod
 from moe_core.expert_params import ExpertShard
@@ -54,6 +56,59 @@ ARCHITECTURES: Mapping[str, ArchitectureNames] = {
 """The architectures (``config.json``'s ``model_type``) whose MoE layers the loader knows."""
 
 _EXPERT_KEY = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.(\w+)$")
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint file that is damaged: truncated, not safetensors, or without a tensor its index places there.
+
+    The message names the file and the damage (for a truncated file, its size
+    against the size its header describes, and the first tensor cut off), so
+    that a user knows which file to fetch again.
+    """
+
+
+def _damage(path: Path) -> str | None:
+    """What the size and header of ``path`` say is wrong with it; None where they agree.
+
+    safetensors says only that its header does not cover the file; the size
+    the header describes and the tensors past the end say how much is missing.
+    """
+    size = path.stat().st_size
+    with path.open("rb") as file:
+        prefix = file.read(8)
+        length = int.from_bytes(prefix, "little")
+        if len(prefix) < 8:
+            return f"not a safetensors file: {size} bytes, fewer than the 8 that give its header's length"
+        if length > size - 8:
+            return f"not a safetensors file, or cut inside its header: {size} bytes, its first 8 announce a {length}-byte header"
+        header = file.read(length)
+    try:
+        spans = sorted(
+            (int(entry["data_offsets"][0]), int(entry["data_offsets"][1]), name)
+            for name, entry in json.loads(header).items()
+            if name != "__metadata__"
+        )
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return f"not a safetensors file: its {length}-byte header is not JSON tensor entries with data_offsets"
+    expected = 8 + length + max((end for _, end, _ in spans), default=0)
+    if size < expected:
+        cut = [name for _, end, name in spans if 8 + length + end > size]
+        return (
+            f"truncated: {size} bytes where its header describes {expected}; "
+            f"the tensors from {cut[0]!r} on ({len(cut)} of {len(spans)}) read past the end"
+        )
+    if size > expected:
+        return f"{size} bytes where its header describes {expected}: bytes after its last tensor"
+    return None
+
+
+def _open(path: Path) -> safe_open:
+    """``path`` opened by safetensors; one it refuses raises :class:`CorruptCheckpoint`, naming the damage."""
+    try:
+        return safe_open(str(path), "pt")
+    except SafetensorError as error:
+        damage = _damage(path)
+        raise CorruptCheckpoint(f"{path}: {damage} (safetensors: {error})" if damage else f"{path}: {error}") from None
 
 
 def _read_json(path: Path) -> dict[str, object]:
@@ -145,7 +200,7 @@ class MoeCheckpoint:
         single = self.directory / SINGLE_FILE
         if not single.exists():
             raise FileNotFoundError(f"{self.directory}: neither {INDEX_FILE} nor {SINGLE_FILE} is there")
-        with safe_open(str(single), "pt") as handle:
+        with _open(single) as handle:
             return {key: SINGLE_FILE for key in handle.keys()}
 
     def scheme(self, schemes: Sequence[SchemeSpec] | None = None) -> SchemeSpec:
@@ -197,8 +252,11 @@ class MoeCheckpoint:
             path = self.directory / file_name
             if not path.exists():
                 raise FileNotFoundError(f"{path}: listed in {INDEX_FILE} but not there")
-            with safe_open(str(path), "pt") as handle:
+            with _open(path) as handle:
+                held = set(handle.keys())
                 for key in file_keys:
+                    if key not in held:
+                        raise CorruptCheckpoint(f"{path}: holds no tensor {key!r}, which {INDEX_FILE} places there")
                     yield key, handle.get_tensor(key)
 
     def router_weight(self, layer: int) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -25,11 +26,19 @@ from moe_core import (
     select_experts,
 )
 from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
-from moe_core.checkpoint import MoeCheckpoint
+from moe_core.checkpoint import CorruptCheckpoint, MoeCheckpoint
 from moe_core.expert_params import ExpertShard
 from moe_core.scheme import UnsupportedCheckpoint
 from moe_core.schemes.compressed_tensors_w4a4_nvfp4 import CompressedTensorsW4A4Nvfp4MoE
-from tests.checkpoint_oracles import CT_NVFP4, CT_SPLIT, copy_checkpoint, edit_config, read_tensors, rewrite_tensor
+from tests.checkpoint_oracles import (
+    CT_NVFP4,
+    CT_SPLIT,
+    MODELOPT,
+    copy_checkpoint,
+    edit_config,
+    read_tensors,
+    rewrite_tensor,
+)
 
 EXPERT_3_UP = "model.layers.0.mlp.experts.3.up_proj"
 
@@ -101,6 +110,60 @@ def test_unknown_architecture_and_missing_files(tmp_path: Path, checkpoint_copy:
     (checkpoint_copy / "model.safetensors.index.json").unlink()
     with pytest.raises(FileNotFoundError, match="neither model.safetensors.index.json nor model.safetensors"):
         MoeCheckpoint(checkpoint_copy)
+
+
+def tensor_spans(path: Path) -> dict[str, tuple[int, int]]:
+    """Each tensor's byte range in the data section of safetensors file ``path``, from its JSON header."""
+    data = path.read_bytes()
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    return {name: (entry["data_offsets"][0], entry["data_offsets"][1]) for name, entry in header.items() if name != "__metadata__"}
+
+
+def test_truncated_shard_names_the_file_its_size_and_the_first_tensor_cut(checkpoint_copy: Path) -> None:
+    """A download cut short: the header parses, and the tensors it places past the end are named."""
+    shard = checkpoint_copy / "model-00001-of-00003.safetensors"
+    spans, size = tensor_spans(shard), shard.stat().st_size
+    header_end = size - max(end for _, end in spans.values())
+    keep = header_end + sorted(end for _, end in spans.values())[len(spans) // 2]  # half the tensors whole
+    shard.write_bytes(shard.read_bytes()[:keep])
+    cut = sorted((start, name) for name, (start, end) in spans.items() if header_end + end > keep)
+    checkpoint = MoeCheckpoint(checkpoint_copy)  # reads only the index
+    message = (
+        f"{shard}: truncated: {keep} bytes where its header describes {size}; "
+        f"the tensors from {cut[0][1]!r} on ({len(cut)} of {len(spans)}) read past the end (safetensors: "
+    )
+    with pytest.raises(CorruptCheckpoint, match=re.escape(message)):
+        checkpoint.load_layer(0)
+
+
+def test_truncated_or_garbage_single_file_is_named_when_the_weight_map_is_read(tmp_path: Path) -> None:
+    single = copy_checkpoint(MODELOPT, tmp_path / "modelopt") / "model.safetensors"
+    intact = single.read_bytes()
+    cases = [
+        (intact[:-1], f"truncated: {len(intact) - 1} bytes where its header describes {len(intact)}; the tensors from "),
+        (intact[:100], "not a safetensors file, or cut inside its header: 100 bytes, its first 8 announce a "),
+        # what a failed download often saves in the file's place
+        (b"<html><body>404: Not Found</body></html>\n" * 20, "not a safetensors file, or cut inside its header: 820 bytes"),
+        ((8).to_bytes(8, "little") + b"not json", "not a safetensors file: its 8-byte header is not JSON tensor entries"),
+        (b"safe", "not a safetensors file: 4 bytes, fewer than the 8 that give its header's length"),
+        (intact + b"\0", f"{len(intact) + 1} bytes where its header describes {len(intact)}: bytes after its last tensor"),
+    ]
+    for content, damage in cases:
+        single.write_bytes(content)
+        with pytest.raises(CorruptCheckpoint, match=re.escape(f"{single}: {damage}")):
+            MoeCheckpoint(single.parent)
+
+
+def test_a_tensor_the_index_places_in_the_wrong_shard_is_named(checkpoint_copy: Path) -> None:
+    index_path = checkpoint_copy / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    key = f"{EXPERT_3_UP}.weight_packed"
+    other = next(name for name in sorted(set(index["weight_map"].values())) if name != index["weight_map"][key])
+    index["weight_map"][key] = other
+    index_path.write_text(json.dumps(index))
+    message = f"{checkpoint_copy / other}: holds no tensor {key!r}, which model.safetensors.index.json places there"
+    with pytest.raises(CorruptCheckpoint, match=re.escape(message)):
+        MoeCheckpoint(checkpoint_copy).load_layer(0)
 
 
 def test_layer_without_experts_lists_the_moe_layers() -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import json
+import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint, entry_points, version
 from pathlib import Path
 
 import pytest
@@ -14,7 +18,8 @@ import torch
 from moe_core import DenseMoeWeights, Fp8MoeWeights, MoeRunnerConfig, StandardDispatchOutput, registry
 from moe_core.backends.reference import REFERENCE_FP8
 from moe_core.check import FORMAT_CHECKS, CheckRun, FormatCheck
-from moe_core.cli import format_table, main
+from moe_core import cli
+from moe_core.cli import format_table, main, plain_text
 from moe_core.formats import FP8
 from moe_core.formats import fp8_block_size_refusal
 from moe_core.registry import ENTRY_POINT_GROUP
@@ -22,18 +27,38 @@ from moe_core.synthetic import random_dense_layer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SMALL = ["--tokens", "6", "--experts", "4", "--hidden", "32", "--intermediate", "32", "--iters", "1"]
+SEEDS = "an integer from -2**63 to 2**64 - 1 (torch.Generator.manual_seed's range)"
 
 
 def table_lines(out: str, which: int = -1) -> list[list[str]]:
-    """Rows of table ``which`` (default: the last) in ``out``, each split into cells on runs of 2+ spaces."""
+    """Rows of table ``which`` (default: the last) in ``out``, split into cells at the columns of its rule line.
+
+    A line whose first cell is blank continues the row above: its cells are
+    appended to that row's, one space apart (``format_table`` wraps at spaces).
+    """
     lines = out.splitlines()
     rule = [index for index, line in enumerate(lines) if line.startswith("---")][which]
-    body = []
+    starts = [match.start() for match in re.finditer(r"-+", lines[rule])]
+    body: list[list[str]] = []
     for line in lines[rule + 1 :]:
         if not line.strip():
             break
-        body.append([cell.strip() for cell in line.split("  ") if cell.strip()])
+        cells = [line[start:end].strip() for start, end in zip(starts, [*starts[1:], None])]
+        if cells[0]:
+            body.append(cells)
+        else:
+            body[-1] = [f"{cell} {more}" if more else cell for cell, more in zip(body[-1], cells)]
     return body
+
+
+def table_text(out: str) -> list[str]:
+    """The lines of every table in ``out``: from the header above each rule line to the next blank line."""
+    lines = out.splitlines()
+    found = []
+    for rule in [index for index, line in enumerate(lines) if line.startswith("---")]:
+        end = next((index for index in range(rule, len(lines)) if not lines[index].strip()), len(lines))
+        found += lines[rule - 1 : end]
+    return found
 
 
 def table_rows(out: str, which: int = -1) -> dict[str, list[str]]:
@@ -48,6 +73,7 @@ def table_rows(out: str, which: int = -1) -> dict[str, list[str]]:
 def plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Faulty plugins beside the real entry points; everything they register vanishes after the test."""
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_DISCOVERY", {})
     extra = [
         EntryPoint("faulty", "tests.plugins.faulty_backends", ENTRY_POINT_GROUP),
         EntryPoint("half", "tests.plugins.raises_after_register", ENTRY_POINT_GROUP),
@@ -60,12 +86,44 @@ def plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         del sys.modules[name]
 
 
-def test_info_lists_reference_backends(capsys: pytest.CaptureFixture[str]) -> None:
+def test_info_lists_each_formats_candidates_and_the_one_chosen(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("moe-core backends on cpu")
+    assert out.startswith("moe-core on cpu")
     rows = table_rows(out, 0)
-    assert rows["reference-dense yes"][2] == "dense" and rows["reference-nvfp4 yes"][2] == "nvfp4"
+    assert rows["dense reference-dense"][2:5] == ["oracle", "yes", "ok"]
+    assert rows["nvfp4 reference-nvfp4"][3] == "yes" and rows["nvfp4 triton-nvfp4-w4a16"][3] == "-"
+    assert rows["nvfp4 triton-nvfp4-w4a16"][5].startswith("nvfp4 -> nvfp4-w4a16: activations stay 16-bit")
+    assert all(len(line) <= 100 for line in out.splitlines()), max(out.splitlines(), key=len)
+
+
+@pytest.mark.parametrize(
+    ("device", "chosen"),
+    [
+        ("sm90", {"dense": "triton-dense", "fp8": "triton-fp8", "fp8-channel": "triton-fp8", "fp8-block": "triton-fp8-block",
+                  "nvfp4": "triton-nvfp4-w4a16", "nvfp4-w4a16": "triton-nvfp4-w4a16"}),
+        ("sm90-flashinfer", {"dense": "triton-dense", "fp8": "triton-fp8", "fp8-channel": "triton-fp8",
+                             "fp8-block": "triton-fp8-block", "nvfp4": "triton-nvfp4-w4a16", "nvfp4-w4a16": "triton-nvfp4-w4a16"}),
+        ("cpu", {"dense": "reference-dense", "fp8": "reference-fp8", "fp8-channel": "reference-fp8-channel",
+                 "fp8-block": "reference-fp8-block", "nvfp4": "reference-nvfp4", "nvfp4-w4a16": "reference-nvfp4-w4a16"}),
+    ],
+)
+def test_info_json_on_described_devices(device: str, chosen: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "--device", device, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert all(set(row) >= {"format", "backend", "chosen", "supported", "reasons", "degradation"} for row in rows)
+    assert {row["format"]: row["backend"] for row in rows if row["chosen"]} == chosen
+    nvfp4 = next(row for row in rows if row["chosen"] and row["format"] == "nvfp4")
+    assert (nvfp4["degradation"] is not None) == device.startswith("sm90")
+    for row in rows:
+        assert row["supported"] == (not row["reasons"]) and isinstance(row["reasons"], list)
+
+
+def test_info_json_on_blackwell_with_flashinfer_picks_its_fp4_moe(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "--device", "sm100+flashinfer", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    (nvfp4,) = [row for row in rows if row["chosen"] and row["format"] == "nvfp4"]
+    assert nvfp4["backend"].startswith("flashinfer-") and nvfp4["degradation"] is None
 
 
 def test_check_verifies_each_reference_against_float64(capsys: pytest.CaptureFixture[str]) -> None:
@@ -107,7 +165,10 @@ def test_check_in_fp32_pins_the_references_to_float32_rounding(capsys: pytest.Ca
         (["check", "--tolerance", "-1"], "argument --tolerance: expected a finite number > 0, got '-1'"),
         (["check", "--tolerance", "nan"], "argument --tolerance: expected a finite number > 0, got 'nan'"),
         (["check", "--experts", "2", "--top-k", "3"], "argument --top-k: expected at most --experts=2, got 3"),
-        (["info", "--device", "tpu-ish"], "argument --device: expected a torch device, got 'tpu-ish'"),
+        (["info", "--device", "tpu-ish"], "argument --device: device 'tpu-ish': expected a torch device"),
+        (["check", "--seed", "99999999999999999999999"], f"argument --seed: expected {SEEDS}, got 99999999999999999999999"),
+        (["check", "--seed", str(-(2**63) - 1)], f"argument --seed: expected {SEEDS}, got -9223372036854775809"),
+        (["check", "--seed", "0x10"], f"argument --seed: expected {SEEDS}, got '0x10'"),
     ],
 )
 def test_bad_flags_are_named_as_the_user_typed_them(
@@ -124,11 +185,15 @@ def test_info_reports_faulty_plugins_as_rows_and_exits_1(capsys: pytest.CaptureF
     assert main(["info"]) == 1
     captured = capsys.readouterr()
     rows = table_rows(captured.out, 0)
-    assert rows["faulty-availability broken"][3] == "availability check raised RuntimeError: driver probe crashed"
-    assert rows["reference-nvfp4 yes"][-1] == "PyTorch, NVFP4 W4A4 (FP4 activations), float32 math"
+    assert rows["nvfp4 faulty-supports"][4] == "supports check raised RuntimeError: driver probe crashed"
+    assert rows["nvfp4 reference-nvfp4"][3] == "yes", "the oracle is ours, whatever a plugin registers"
     assert "half-made" not in captured.out
-    assert "entry point 'half' (moe_core.backends) failed to load: ImportError: missing its kernel library" in captured.out
-    assert "entry point 'impostor' (moe_core.backends) failed to load: ValueError: name: a backend named 'reference-nvfp4' is already registered" in captured.out
+    broken = {cells[0]: cells[1] for cells in table_lines(captured.out)}
+    assert broken["faulty-supports"] == "supports check raised RuntimeError: driver probe crashed"
+    assert broken["entry point half"] == "failed to load: ImportError: missing its kernel library"
+    assert broken["entry point impostor"] == (
+        "failed to load: ValueError: name: a backend named 'reference-nvfp4' is already registered"
+    )
 
 
 @pytest.mark.usefixtures("plugins")
@@ -136,7 +201,7 @@ def test_check_reports_faulty_plugins_as_rows_and_exits_1(capsys: pytest.Capture
     assert main(["check", *SMALL]) == 1
     rows = table_rows(capsys.readouterr().out)
     assert rows["nvfp4 reference-nvfp4"][-1] == "ok", "the oracle is ours, whatever a plugin registers"
-    assert rows["nvfp4 faulty-availability"][-1] == "FAILED: availability check raised RuntimeError: driver probe crashed"
+    assert rows["nvfp4 faulty-supports"][-1] == "FAILED: supports check raised RuntimeError: driver probe crashed"
     assert rows["nvfp4 faulty-broadcast-shape"][-1] == "FAILED: output shape (1, 32), expected (6, 32)"
     assert rows["nvfp4 faulty-wrong-shape"][-1] == "FAILED: output shape (6, 33), expected (6, 32)"
     assert rows["- entry point half"][-1] == "FAILED: did not load: ImportError: missing its kernel library"
@@ -154,15 +219,122 @@ def test_module_entry_point_runs() -> None:
     assert "reference-nvfp4" in result.stdout
 
 
+def test_seed_range_is_the_generators() -> None:
+    """The extremes --seed takes are seeds torch takes, and one past either end is not."""
+    low, high = cli.SEED_RANGE
+    for seed in (low, high):
+        torch.Generator().manual_seed(cli._seed(str(seed)))
+    for seed in (low - 1, high + 1):
+        with pytest.raises((RuntimeError, ValueError)):
+            torch.Generator().manual_seed(seed)
+
+
+def test_dtype_names_are_torch_dtypes() -> None:
+    assert [cli._dtype(name) for name in cli.DTYPE_NAMES] == [torch.bfloat16, torch.float16, torch.float32]
+
+
 def test_format_table_aligns_columns() -> None:
     assert format_table(["a", "bb"], [["xyz", "1"]]).splitlines() == ["a    bb", "---  --", "xyz  1"]
+
+
+def test_format_table_wraps_the_widest_columns_to_the_width() -> None:
+    reasons = "needs a CUDA GPU of SM100 or SM103, not cpu; no TRT-LLM-gen cubins: FLASHINFER_CUBIN_DIR is unset"
+    description = "FlashInfer TRT-LLM-gen fused MoE, NVFP4 W4A4, separate gate/up scalars (SM100/SM103)"
+    rows = [["flashinfer-trtllm-fp4", "no", reasons, description], ["reference-nvfp4", "yes", "-", "PyTorch"]]
+    headers = ["backend", "available", "reasons", "description"]
+    for width in (70, 80, 100):
+        table = format_table(headers, rows, width=width)
+        lines = table.splitlines()
+        assert max(len(line) for line in lines) <= width and len(lines) > 4, table
+        assert table_lines(table) == rows, "wrapped at spaces only, continuation lines start blank"
+        assert lines[2].startswith("flashinfer-trtllm-fp4  no         "), "narrow columns keep their width"
+    assert format_table(headers, rows, width=400) == format_table(headers, rows, width=10**6), "no wrap where it fits"
+    assert len(format_table(headers, rows, width=400).splitlines()) == 4
+
+
+def test_format_table_never_breaks_a_word_or_a_header() -> None:
+    """Where even the longest words do not fit, the table is wider than asked rather than break them."""
+    table = format_table(["name", "a long header"], [["flashinfer-cutlass-nvfp4", "x y"]], width=20)
+    assert table.splitlines() == [
+        "name                      a long header",
+        "------------------------  -------------",
+        "flashinfer-cutlass-nvfp4  x y",
+    ]
+
+
+def test_info_tables_fit_100_columns_where_stdout_is_no_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["info"])
+    lines = table_text(capsys.readouterr().out)
+    assert len(lines) > 10 and max(len(line) for line in lines) <= cli.TABLE_WIDTH == 100, "\n".join(lines)
+
+
+def test_tables_fit_the_terminal_when_stdout_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setenv("COLUMNS", "60")  # shutil.get_terminal_size reads it first
+    assert cli.output_width() == cli.TABLE_WIDTH, "a pipe or a file has no width"
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    assert cli.output_width() == 60 == shutil.get_terminal_size().columns
+    reasons = "needs a CUDA GPU of SM100 or SM103, not cpu; no TRT-LLM-gen cubins: FLASHINFER_CUBIN_DIR is unset"
+    lines = format_table(["backend", "reasons"], [["flashinfer-trtllm-fp4", reasons]]).splitlines()
+    assert 50 < max(len(line) for line in lines) <= 60 and len(lines) == 5, lines
+
+
+def test_help_is_plain_text_and_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    helps = {}
+    for command in ("", "check", "info"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"] if command else ["--help"])
+        assert exit_info.value.code == 0
+        helps[command] = out = capsys.readouterr().out
+        assert "``" not in out and not re.search(r":\w+:`", out), out
+        assert "exit codes:\n  0  ok\n  1  check: a row FAILED; info: a plugin failed to load" in out
+        assert "\n  3  check --checkpoint: a damaged checkpoint file" in out
+    assert "The moe-core command: list backends" in helps[""]
+    assert "independent float64 MoE written token by token (moe_core.float64_moe)" in helps["check"]
+    assert "With --checkpoint DIR, the layer is one MoE layer" in helps["check"]
+
+
+def test_plain_text_keeps_what_the_markup_says() -> None:
+    marked = "``moe-core check``: :mod:`moe_core.float64_moe`, :class:`~moe_core.check.CheckRow`, :func:`the oracle <moe_core.x.f>`"
+    assert plain_text(marked) == "moe-core check: moe_core.float64_moe, CheckRow, the oracle"
+
+
+def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"moe-core {version('moe-core')}\n"
+
+
+def test_help_and_version_do_not_import_torch() -> None:
+    """The entry point imports moe_core.cli, and so the package: neither may import torch before parsing."""
+    program = (
+        "import sys\n"
+        "import moe_core.cli\n"
+        "for argv in (['--help'], ['--version'], ['check', '--help'], ['info', '--help']):\n"
+        "    try:\n"
+        "        moe_core.cli.main(argv)\n"
+        "    except SystemExit as exit:\n"
+        "        assert exit.code == 0, (argv, exit.code)\n"
+        "    print('torch imported' if 'torch' in sys.modules else 'no torch', argv, file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "no torch ['--help']",
+        "no torch ['--version']",
+        "no torch ['check', '--help']",
+        "no torch ['info', '--help']",
+    ]
 
 
 def test_info_lists_schemes_and_the_backend_each_would_choose(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info"]) == 0
     rows = table_rows(capsys.readouterr().out)
-    choices = "flashinfer-trtllm-fp4, flashinfer-cutlass-nvfp4, reference-nvfp4"
-    assert rows["compressed-tensors-w4a4-nvfp4 nvfp4"][2:] == ["reference-nvfp4", choices]
+    assert rows["compressed-tensors-w4a4-nvfp4 nvfp4"][2:] == ["reference-nvfp4"]
     assert rows["modelopt-nvfp4 nvfp4"][2] == "reference-nvfp4"
     assert rows["unquantized dense"][2] == "reference-dense"
 
@@ -188,6 +360,28 @@ def test_check_runs_a_checkpoint_layer(
     if scheme != "unquantized":
         assert rows[1][2] == "float64 MoE, dequantized weights, no activation quantization" and rows[1][-1] == "info"
         assert 0.05 < float(rows[1][3]) < 0.3
+
+
+@pytest.mark.parametrize(
+    ("fixture", "damaged", "damage"),
+    [
+        ("qwen3_moe_nvfp4", "model-00002-of-00003.safetensors", "truncated"),
+        ("qwen3_moe_nvfp4_modelopt", "model.safetensors", "truncated"),
+        ("qwen3_moe_nvfp4", "model-00002-of-00003.safetensors", "garbage"),
+        ("qwen3_moe_nvfp4_modelopt", "model.safetensors", "garbage"),
+    ],
+)
+def test_check_exits_3_naming_a_damaged_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fixture: str, damaged: str, damage: str
+) -> None:
+    directory = tmp_path / fixture
+    shutil.copytree(FIXTURES / fixture, directory)
+    path = directory / damaged
+    path.write_bytes(path.read_bytes()[:-4096] if damage == "truncated" else bytes(range(256)) * 16)
+    assert main(["check", "--checkpoint", str(directory), "--tokens", "4", "--iters", "1"]) == cli.EXIT_CORRUPT_CHECKPOINT == 3
+    err = capsys.readouterr().err
+    expected = "truncated: " if damage == "truncated" else "not a safetensors file, or cut inside its header: 4096 bytes"
+    assert f"moe-core check: CorruptCheckpoint: {path}: {expected}" in err, err
 
 
 def test_check_checkpoint_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
