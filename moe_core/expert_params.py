@@ -93,6 +93,9 @@ class ParamSpec:
     """The checkpoint's name after the projection (``experts.3.up_proj.<name>``)."""
     dtype: torch.dtype
     layout: ParamLayout
+    every_expert: bool = attrs.field(default=False, kw_only=True)
+    """Kept for every expert of the layer, not only this rank's: a static input scale, which collapses into one
+    scalar over the whole layer so that every rank quantizes a token alike (whatever the expert placement)."""
 
 
 def _projection_size(config: MoeRunnerConfig, shard: ExpertShard) -> tuple[int, int]:
@@ -105,7 +108,8 @@ class ExpertParams:
 
     ``w13`` tensors are ``[E_local, 2, *shape]`` (index 0 gate, 1 up), ``w2``
     tensors ``[E_local, *shape]``; expert ids passed to :meth:`load` are
-    global, and those of other ranks are skipped.
+    global, and those of other ranks are skipped, except for the tensors a
+    spec keeps for every expert (``[E, ...]``, global ids).
     """
 
     def __init__(self, scheme: str, specs: Sequence[ParamSpec], config: MoeRunnerConfig, device: torch.device) -> None:
@@ -118,15 +122,15 @@ class ExpertParams:
         """Where the parameters live."""
         self.specs = {spec.name: spec for spec in specs}
         """The tensors of each projection, by checkpoint name."""
-        experts = config.num_local_experts
         self._w13: dict[str, torch.Tensor] = {}
         self._w2: dict[str, torch.Tensor] = {}
         for spec in specs:
+            experts = config.num_experts if spec.every_expert else config.num_local_experts
             gate_shape = spec.layout.shape(*_projection_size(config, ExpertShard.GATE))
             down_shape = spec.layout.shape(*_projection_size(config, ExpertShard.DOWN))
             self._w13[spec.name] = torch.empty((experts, 2, *gate_shape), dtype=spec.dtype, device=device)
             self._w2[spec.name] = torch.empty((experts, *down_shape), dtype=spec.dtype, device=device)
-        self._loaded = {name: torch.zeros(experts, 3, dtype=torch.bool) for name in self.specs}
+        self._loaded = {name: torch.zeros(self._w2[name].shape[0], 3, dtype=torch.bool) for name in self.specs}
         self._released = False
 
     def load(self, name: str, tensor: torch.Tensor, *, expert_id: int, shard: ExpertShard) -> bool:
@@ -156,8 +160,8 @@ class ExpertParams:
                 f"{where}: expected shape {expected} {spec.layout.describe()} for a projection of "
                 f"out_features={out_features}, in_features={in_features}, got {shape}"
             )
-        local = expert_id - config.local_expert_offset
-        if not 0 <= local < config.num_local_experts:
+        local = expert_id if spec.every_expert else expert_id - config.local_expert_offset
+        if not 0 <= local < self._w2[name].shape[0]:
             return False
         self._require_held()
         value = tensor.reshape(expected)
@@ -170,11 +174,11 @@ class ExpertParams:
 
     def missing(self) -> list[str]:
         """Every tensor not loaded yet, as ``experts.{global id}.{shard}.{name}``."""
-        offset = self.config.local_expert_offset
         return [
-            f"experts.{offset + local}.{shard.projection}.{name}"
+            f"experts.{index + (0 if self.specs[name].every_expert else self.config.local_expert_offset)}"
+            f".{shard.projection}.{name}"
             for name, loaded in self._loaded.items()
-            for local, column in (~loaded).nonzero().tolist()
+            for index, column in (~loaded).nonzero().tolist()
             for shard in (list(ExpertShard)[column],)
         ]
 

@@ -43,7 +43,8 @@ class Nvfp4CheckpointScheme(ExpertScheme[Nvfp4MoeWeights]):
     Gate and up keep their own weight global scales (never ``[:, 0]`` of the
     pair); the input scales of w1/w3 (one GEMM input) and of w2, per expert
     in the checkpoint, become the one scalar each GEMM takes under
-    ``input_scale_policy``.
+    ``input_scale_policy``, over every expert of the layer (kept on every
+    rank), so that the output does not depend on the expert placement.
     """
 
     NAME: ClassVar[str]
@@ -75,7 +76,7 @@ class Nvfp4CheckpointScheme(ExpertScheme[Nvfp4MoeWeights]):
             ParamSpec(self.PACKED, torch.uint8, ParamLayout.PACKED_FP4),
             ParamSpec(self.BLOCK_SCALES, torch.float8_e4m3fn, ParamLayout.BLOCK_SCALES),
             ParamSpec(self.WEIGHT_SCALE, torch.float32, ParamLayout.SCALAR),
-            ParamSpec(self.INPUT_SCALE, torch.float32, ParamLayout.SCALAR),
+            ParamSpec(self.INPUT_SCALE, torch.float32, ParamLayout.SCALAR, every_expert=True),
         )
         super().__init__(
             self.NAME, NVFP4, specs, config, device, backend=backend, strict=strict, activation_dtype=activation_dtype

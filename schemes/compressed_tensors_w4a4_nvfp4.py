@@ -19,7 +19,7 @@ clips some expert's inputs. vLLM does the same for FlashInfer's TRT-LLM path
 (``w13_input_global_scale.min()`` in ``compressed_tensors_moe.py``). The
 cost: an expert whose inputs are far smaller than the others' (the split
 fixture's tiny expert) quantizes to zero there. Under expert parallelism the
-policy applies to this rank's experts.
+policy applies to every expert of the layer (each rank loads all the input scales), whatever the placement.
 """
 
 from __future__ import annotations

@@ -187,10 +187,10 @@ def test_disagreeing_scales_under_require_equal_policies() -> None:
 def test_engine_style_loading_one_expert_and_shard_at_a_time_with_expert_parallelism(gen: torch.Generator) -> None:
     """Two ranks of 4 local experts each hold the whole layer's experts, and their outputs add up to it.
 
-    The sum is taken on the W4A16 path (dense reference on the dequantized
-    weights): under W4A4 each rank collapses only its own experts' input
-    scales, as an engine holding local parameters does, so the ranks'
-    activations round differently from the whole layer's.
+    Each rank keeps every expert's input scales and collapses them over the
+    whole layer, so both ranks quantize a token exactly as the single-rank
+    layer does: the ranks' W4A4 outputs add up to the layer's (each partial
+    rounded to bf16 once).
     """
     checkpoint = MoeCheckpoint(CT_SPLIT)
     tensors = read_tensors(CT_SPLIT)
@@ -205,13 +205,16 @@ def test_engine_style_loading_one_expert_and_shard_at_a_time_with_expert_paralle
         loaded = 0
         for key, expert, shard, name in checkpoint.expert_keys(0):
             loaded += rank.load_expert_weight(name, tensors[key], expert_id=expert, shard=shard)
-        assert loaded == 4 * 3 * 4  # 4 local experts, 3 projections, 4 tensors each; the rest skipped
+        # 4 local experts x 3 projections x 3 tensors, and the input scale of all 8 experts' 3 projections
+        assert loaded == 4 * 3 * 3 + 8 * 3
         rank.process_weights_after_loading(keep_canonical=True)
         assert rank.weights is not None
         assert torch.equal(rank.weights.w13.up.packed, full.weights.w13.up.packed[offset : offset + 4])
         assert torch.equal(rank.weights.w2.global_scales.value, full.weights.w2.global_scales.value[offset : offset + 4])
-        partial.append(create_runner(REFERENCE_DENSE, config).run(dispatch, rank.weights.dequantize()).float())
-    whole = create_runner(REFERENCE_DENSE, full.config).run(dispatch, full.weights.dequantize()).float()
+        assert torch.equal(rank.weights.w13_input_scale.value, full.weights.w13_input_scale.value)
+        assert torch.equal(rank.weights.w2_input_scale.value, full.weights.w2_input_scale.value)
+        partial.append(create_runner(REFERENCE_NVFP4, config).run(dispatch, rank.weights).float())
+    whole = create_runner(REFERENCE_NVFP4, full.config).run(dispatch, full.weights).float()
     torch.testing.assert_close(partial[0] + partial[1], whole, rtol=0, atol=2 * float(whole.abs().max()) * 2**-8)
 
 
