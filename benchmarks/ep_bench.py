@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python benchmarks/ep_bench.py [--shapes mixtral,deepseek] [--tokens 1,256,4096]
-        [--dispatchers local,all-to-all,all-gather,replicated] [--world-size N] [--iters 20]
+        [--dispatchers local,all-to-all,all-gather,replicated] [--world-size N] [--backend auto|nccl|gloo] [--iters 20]
 
 It starts one process per rank itself (spawn, a ``file://`` rendezvous):
 NCCL with one GPU per rank where there are several GPUs (world size: all of
@@ -81,12 +81,17 @@ class Row:
     rows: int
 
 
-def available_world(world_size: int | None) -> World:
-    """NCCL over every GPU where there are several, gloo with CUDA tensors on one, gloo on the CPU without."""
+def available_world(world_size: int | None, backend: str) -> World:
+    """``backend`` ``auto``: NCCL over every GPU where there are several, gloo with CUDA tensors on one, gloo on the
+    CPU without; ``nccl``: one GPU per rank (world size 1 on one GPU runs the same code path); ``gloo``: as auto
+    without NCCL."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus >= 2:
-        return World("nccl", world_size or gpus, "cuda")
-    return World("gloo", world_size or 2, "cuda" if gpus == 1 else "cpu")
+    if backend == "nccl" or (backend == "auto" and gpus >= 2):
+        size = world_size or gpus
+        if not 0 < size <= gpus:
+            sys.exit(f"--backend nccl: needs one GPU per rank, {size} ranks on {gpus} GPUs (NCCL refuses two ranks on one)")
+        return World("nccl", size, "cuda")
+    return World("gloo", world_size or 2, "cuda" if gpus >= 1 else "cpu")
 
 
 def synchronize(device: torch.device) -> None:
@@ -184,6 +189,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,256,4096")
     parser.add_argument("--dispatchers", default=",".join(DISPATCHERS))
     parser.add_argument("--world-size", type=int, default=None)
+    parser.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
     parser.add_argument("--iters", type=int, default=20)
     args = parser.parse_args()
     shapes, dispatchers = args.shapes.split(","), args.dispatchers.split(",")
@@ -192,7 +198,7 @@ def main() -> None:
         if unknown:
             parser.error(f"unknown {unknown}; the choices are {list(known)}")
     tokens = [int(count) for count in args.tokens.split(",")]
-    world = available_world(args.world_size)
+    world = available_world(args.world_size, args.backend)
     context = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as folder:
         init = f"file://{Path(folder) / 'rendezvous'}"
