@@ -1,5 +1,9 @@
-"""Expert parallelism over real gloo worlds of 2, 3 and 4 CPU processes: every dispatcher, every reference format.
+"""Expert parallelism over real worlds of processes: every dispatcher, every reference format.
 
+By default gloo worlds of 2, 3 and 4 CPU processes. ``MOE_CORE_DIST_BACKEND=nccl``
+runs NCCL with one GPU per rank and CUDA tensors on the wire (the experts'
+arithmetic stays on the CPU, so the expected bits are the same), at the world
+sizes ``MOE_CORE_DIST_WORLD_SIZES`` lists (``benchmarks/ep_multi_gpu.sh``).
 Each world starts once (``torch.multiprocessing`` spawn, a ``file://`` rendezvous
 in a temporary folder) and runs every case inside it; each rank compares its
 own output, bit for bit, with its rows of the single-rank layer (which it
@@ -10,6 +14,7 @@ tests read. Seven experts, so no world size divides them; tiny shapes.
 from __future__ import annotations
 
 import json
+import os
 import time
 import traceback
 from datetime import timedelta
@@ -45,7 +50,9 @@ from tests.test_distributed import (
     single_rank_output,
 )
 
-WORLD_SIZES = (2, 3, 4)
+BACKEND = os.environ.get("MOE_CORE_DIST_BACKEND", "gloo")
+"""``gloo`` (CPU tensors) or ``nccl`` (one GPU per rank, CUDA tensors)."""
+WORLD_SIZES = tuple(int(size) for size in os.environ.get("MOE_CORE_DIST_WORLD_SIZES", "2,3,4").split(","))
 WORLD_TIMEOUT_S = 90.0
 """A world's whole run, far above the ~10 s one takes on two cores: a hung collective hits gloo's 60 s timeout first."""
 DISPATCHERS = ("all-to-all", "all-gather", "all-gather-reduce-scatter", "replicated")
@@ -69,14 +76,24 @@ class Verdict:
     """Slot rows the rank's runner got."""
 
 
+def on_device(dispatch: StandardDispatchOutput, device: torch.device) -> StandardDispatchOutput:
+    """``dispatch`` with its tensors on ``device`` (values as delivered, not re-checked)."""
+    topk = dispatch.topk
+    moved = TopKOutput(
+        topk.topk_ids.to(device), topk.topk_weights.to(device), num_experts=topk.num_experts, check_values=False
+    )
+    return StandardDispatchOutput(dispatch.hidden_states.to(device), moved)
+
+
 def run_rank(
     dispatcher: TokenDispatcher[StandardDispatchOutput, HandleT],
     layer: RandomLayer,
     fmt: str,
     placement: ExpertPlacement,
     batch: tuple[torch.Tensor, TopKOutput],
+    device: torch.device,
 ) -> tuple[torch.Tensor, int]:
-    """This rank's layer output and the slot rows its runner got."""
+    """This rank's layer output (on the CPU) and the slot rows its runner got; the tokens travel on ``device``."""
     rank, rows = dist.get_rank(), []
 
     def take(per_expert: torch.Tensor) -> torch.Tensor:
@@ -86,13 +103,15 @@ def run_rank(
 
     def forward(dispatch: StandardDispatchOutput) -> torch.Tensor:
         rows.append(dispatch.topk.num_tokens)
-        return runner(dispatch)
+        return runner(on_device(dispatch, torch.device("cpu"))).to(device)
 
-    return ExpertParallelMoe(dispatcher, forward)(*batch), rows[0]
+    x, topk = batch
+    moved = on_device(StandardDispatchOutput(x, topk), device)
+    return ExpertParallelMoe(dispatcher, forward)(moved.hidden_states, moved.topk).cpu(), rows[0]
 
 
 def run_case(
-    group: dist.ProcessGroup, fmt: str, dispatcher: str, scenario: Scenario, seed: int
+    group: dist.ProcessGroup, fmt: str, dispatcher: str, scenario: Scenario, seed: int, device: torch.device
 ) -> Verdict:
     world_size, rank = group.size(), group.rank()
     placement = ExpertPlacement(NUM_EXPERTS, world_size)
@@ -100,18 +119,19 @@ def run_case(
     x, topk = scenario.batch(world_size, seed)
     expected = single_rank_output(layer, fmt, x, topk)
     if dispatcher == "replicated":
-        out, rows = run_rank(AllGatherDispatcher(group, placement, TokenSharding.REPLICATED), layer, fmt, placement, (x, topk))
+        replicated = AllGatherDispatcher(group, placement, TokenSharding.REPLICATED)
+        out, rows = run_rank(replicated, layer, fmt, placement, (x, topk), device)
     else:
         mine = rank_rows(scenario, world_size, rank)
         expected = expected[mine]
         batch = rank_batch(x, topk, mine)
         if dispatcher == "all-to-all":
-            out, rows = run_rank(AllToAllDispatcher(group, placement), layer, fmt, placement, batch)
+            out, rows = run_rank(AllToAllDispatcher(group, placement), layer, fmt, placement, batch, device)
         elif dispatcher == "all-gather":
-            out, rows = run_rank(AllGatherDispatcher(group, placement), layer, fmt, placement, batch)
+            out, rows = run_rank(AllGatherDispatcher(group, placement), layer, fmt, placement, batch, device)
         else:  # NCCL's branch, reduce_scatter itself: gloo has it in the torch pinned here
             with mock.patch("moe_core.distributed.collectives.backend_name", return_value="nccl"):
-                out, rows = run_rank(AllGatherDispatcher(group, placement), layer, fmt, placement, batch)
+                out, rows = run_rank(AllGatherDispatcher(group, placement), layer, fmt, placement, batch, device)
     if same_bits(out, expected):
         return Verdict(None, rows)
     differ = (out.float() - expected.float()).abs().max() if out.shape == expected.shape else "-"
@@ -122,13 +142,18 @@ def run_world(rank: int, world_size: int, folder: str, seed: int) -> None:
     """One rank: every case, its verdicts written to ``folder/rank<rank>.json``."""
     torch.set_num_threads(1)  # tiny tensors: threads would only spin against the other ranks on two cores
     init = f"file://{Path(folder) / 'rendezvous'}"
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    device = torch.device("cpu")
+    if BACKEND == "nccl":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(BACKEND, init_method=init, rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
     group = dist.group.WORLD
     assert group is not None
     verdicts: dict[str, object] = {}
     try:
         for index, (fmt, dispatcher, scenario) in enumerate(CASES):
-            verdicts[case_id(fmt, dispatcher, scenario)] = attrs.asdict(run_case(group, fmt, dispatcher, scenario, seed + index))
+            verdict = run_case(group, fmt, dispatcher, scenario, seed + index, device)
+            verdicts[case_id(fmt, dispatcher, scenario)] = attrs.asdict(verdict)
     except Exception:  # a rank that stops leaves the others in a collective until the timeout: report, do not hide
         verdicts["crash"] = traceback.format_exc()
     finally:
