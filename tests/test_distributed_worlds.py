@@ -194,5 +194,5 @@ def test_every_rank_equals_the_single_rank_layer(
 ) -> None:
     verdicts = [ranks[case_id(fmt, dispatcher, scenario)] for ranks in world]
     assert [verdict.error for verdict in verdicts] == [None] * len(world)
-    if scenario.starve_last_rank:
+    if scenario.starve_last_rank and len(world) > 1:  # a world of one holds every expert: nothing can starve it
         assert verdicts[-1].rows == 0, "the last rank's experts were routed nothing, yet its runner got rows"
