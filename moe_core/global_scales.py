@@ -15,11 +15,18 @@ whose convention they follow, and a scalar (shape ``[1]``, what a kernel
 takes) is made from several values only under a named
 :class:`ExpertScalePolicy`. Each scale owns a private copy of its small
 tensor, so writing to the checkpoint tensor later cannot change it.
+
+Per-expert values are refused where one is NaN, infinite, zero or negative,
+and the conservative collapse refuses a lone outlier that would silently
+zero the layer (:func:`_refuse_layer_zeroing_outlier`); both errors name the
+expert (and the shard, for ``[E, 2]`` gate/up values), counted from the first
+expert given (under expert parallelism, this rank's first).
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from typing import final
 
 import attrs
@@ -34,6 +41,9 @@ E4M3_MAX = 448.0
 """Largest magnitude an FP8 E4M3 (fn) value holds."""
 NVFP4_RANGE = E4M3_MAX * E2M1_MAX
 """``448 * 6``: the amax a block scale of 448 and a code of 6 reach together."""
+E4M3_FLUSH = 2.0**-10
+"""Half of E4M3's smallest subnormal ``2**-9``: a block scale at or below it rounds to zero (ties to even),
+and its whole block quantizes to zero."""
 
 
 class ExpertScalePolicy(enum.Enum):
@@ -43,12 +53,38 @@ class ExpertScalePolicy(enum.Enum):
     """Every value must be the same (bit for bit); otherwise raise. Checked where values exist (not on meta)."""
     CONSERVATIVE = "conservative"
     """Take the scale of the largest amax, so no expert's values clip
-    (the smallest quantize-side or the largest dequantize-side value)."""
+    (the smallest quantize-side or the largest dequantize-side value);
+    refuses a lone expert whose amax would zero every other expert's inputs."""
 
 
 def _owned_copy(value: torch.Tensor) -> torch.Tensor:
     """A detached private copy, so the caller's tensor can be written without changing the scale."""
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def _per_expert(value: torch.Tensor) -> torch.Tensor:
+    """``value`` as ``[experts, shards]``: dim 0 counts experts (a scalar is one expert), the rest are its shards."""
+    return value.reshape(value.shape[0] if value.dim() else 1, -1)
+
+
+def _position(experts: torch.Tensor, expert: int, shard: int) -> str:
+    """``expert`` (and ``shard``, where an expert has several) of ``experts [experts, shards]``, in words."""
+    return f"expert {expert}" if experts.shape[1] == 1 else f"expert {expert}, shard {shard}"
+
+
+def _require_positive_experts(name: str, value: torch.Tensor) -> None:
+    """Raise ``ValueError`` naming the first expert (and shard) whose scale is NaN, infinite or <= 0 (where read)."""
+    if not values_readable(value):
+        return
+    experts = _per_expert(value)
+    bad = torch.nonzero(~(torch.isfinite(experts) & (experts > 0)))
+    if bad.shape[0]:
+        expert, shard = (int(i) for i in bad[0])
+        more = f" (and {bad.shape[0] - 1} more)" if bad.shape[0] > 1 else ""
+        raise ValueError(
+            f"{name}: expected finite values > 0, got {float(experts[expert, shard])} at "
+            f"{_position(experts, expert, shard)}{more} of shape {tuple(value.shape)}"
+        )
 
 
 def _check_values(cls_name: str, value: torch.Tensor, *, scalar: bool) -> None:
@@ -57,11 +93,12 @@ def _check_values(cls_name: str, value: torch.Tensor, *, scalar: bool) -> None:
     require_dtype(name, value, (torch.float32,))
     if scalar:
         require_shape(name, value, (1,), "(one scalar for the whole tensor)")
+        require_positive(name, value)
     else:
         require_ndim(name, value, 1, "[num_experts]")
         if value.numel() == 0:
             raise ValueError(f"{name}: expected at least one expert, got shape (0,)")
-    require_positive(name, value)
+        _require_positive_experts(name, value)
 
 
 def _float_tensor(name: str, value: float | torch.Tensor) -> torch.Tensor:
@@ -94,7 +131,8 @@ def _expert_amax(amax: torch.Tensor) -> torch.Tensor:
 
 
 def _checkpoint_values(cls_name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """A checkpoint's scale values, flattened; refuses a one-element view into a larger tensor."""
+    """A checkpoint's scale values as ``[experts, shards]``, each finite and > 0; refuses a one-element view
+    into a larger tensor."""
     name = f"{cls_name}.from_checkpoint"
     require_tensor(name, tensor)
     require_dtype(name, tensor, (torch.float32,))
@@ -105,21 +143,71 @@ def _checkpoint_values(cls_name: str, tensor: torch.Tensor) -> torch.Tensor:
             f"{name}: got a one-element view into a larger tensor (like per_expert[:1], which takes "
             "expert 0's scale for all); pass the whole tensor and name a policy"
         )
-    return tensor.reshape(-1)
+    _require_positive_experts(name, tensor)
+    return _per_expert(tensor)
 
 
-def _collapse(cls_name: str, value: torch.Tensor, policy: ExpertScalePolicy, conservative: torch.Tensor) -> torch.Tensor:
+def _refuse_layer_zeroing_outlier(name: str, experts: torch.Tensor, *, quantize_side: bool) -> None:
+    """Refuse a conservative scalar, set by one expert, under which no other expert's calibrated input survives.
+
+    With the scalar quantize-side scale ``gs``, a block of amax ``a`` gets
+    the E4M3 scale ``gs * a / 6``, which rounds to zero at or below
+    :data:`E4M3_FLUSH`, and the block quantizes to zero. Expert ``e``'s
+    calibrated amax is ``448 * 6 / gs_e``, so its largest block gets
+    ``448 * gs / gs_e``: under ``gs = min gs_e`` every input expert ``e`` saw
+    in calibration quantizes to zero once ``gs_e >= 448 * 2**10 * gs``.
+    For one small expert that is the policy's documented cost (the split
+    fixture's expert 5), and passes. For every expert but the one that set
+    ``gs`` it leaves a layer of one expert, which no checkpoint means (one
+    expert's value is tiny, or on the dequantize side huge): refused, naming
+    that expert. Milder outliers (compressed-tensors writes 1.0 for an
+    uncalibrated expert) coarsen the others' block scales without zeroing
+    them, and pass: only what cannot be right is refused.
+    """
+    values = experts.detach().cpu().double()
+    quantize = values if quantize_side else values.reciprocal()
+    per_expert = quantize.amin(dim=1)
+    if per_expert.numel() < 2:
+        return
+    outlier = int(per_expert.argmin())
+    largest = int(per_expert.clone().index_fill_(0, torch.tensor(outlier), math.inf).argmin())
+    block_scale = E4M3_MAX * float(per_expert[outlier] / per_expert[largest])
+    if block_scale > E4M3_FLUSH:
+        return
+    shard = int(quantize[outlier].argmin())
+    side = "quantize" if quantize_side else "dequantize"
+    raise ValueError(
+        f"{name}: expected no expert's scale to zero every other expert's inputs, got "
+        f"{float(experts[outlier, shard])} ({side} side, amax {NVFP4_RANGE / float(per_expert[outlier]):.4g}) at "
+        f"{_position(experts, outlier, shard)}: as the conservative scalar it gives the largest calibrated input "
+        f"of the other experts (amax {NVFP4_RANGE / float(per_expert[largest]):.4g}, expert {largest}) the E4M3 "
+        f"block scale {block_scale:.3g}, which rounds to zero (<= 2**-10)"
+    )
+
+
+def _collapse(name: str, value: torch.Tensor, policy: ExpertScalePolicy, conservative: torch.Tensor) -> torch.Tensor:
+    """``value`` (any shape) as one scalar ``[1]`` under ``policy``; ``conservative`` is the largest amax's scale."""
     if not isinstance(policy, ExpertScalePolicy):
         raise TypeError(f"policy: expected an ExpertScalePolicy, got {policy!r}")
     if policy is ExpertScalePolicy.CONSERVATIVE:
         return conservative.reshape(1)
+    value = value.reshape(-1)
     if values_readable(value) and not torch.equal(value, value[:1].expand_as(value)):
         raise ValueError(
-            f"{cls_name}: experts disagree (min {float(value.min())}, max {float(value.max())} "
+            f"{name}: experts disagree (min {float(value.min())}, max {float(value.max())} "
             f"over {value.numel()} values); a kernel with one global scale needs them equal, "
             "or pass policy=ExpertScalePolicy.CONSERVATIVE to take the largest amax"
         )
     return value[:1]
+
+
+def _collapse_global_scales(
+    name: str, experts: torch.Tensor, policy: ExpertScalePolicy, *, quantize_side: bool
+) -> torch.Tensor:
+    """NVFP4 global scales ``[experts, shards]`` as one scalar ``[1]`` under ``policy``, in their convention."""
+    if policy is ExpertScalePolicy.CONSERVATIVE and values_readable(experts):
+        _refuse_layer_zeroing_outlier(name, experts, quantize_side=quantize_side)
+    return _collapse(name, experts, policy, experts.amin() if quantize_side else experts.amax())
 
 
 @attrs.frozen(eq=False)
@@ -184,10 +272,13 @@ class QuantizeGlobalScale(_ScalarScale):
         """The scalar from quantize-side checkpoint values of any shape (``[1]``, ``[E]``, ``[E, 2]``).
 
         Several values become one under ``policy``, named even where there is
-        one value, so that every call site says what it does with many.
+        one value, so that every call site says what it does with many. A NaN,
+        infinite or non-positive value is refused, and so, under
+        ``CONSERVATIVE``, is one expert's so small that it would zero every
+        other expert's inputs; each error names the expert (dim 0) and shard.
         """
         values = _checkpoint_values(cls.__name__, tensor)
-        return cls(_value=_collapse(cls.__name__, values, policy, values.min()))
+        return cls(_value=_collapse_global_scales(cls.__name__, values, policy, quantize_side=True))
 
     @classmethod
     def from_dequantize(cls, scale: DequantizeGlobalScale) -> QuantizeGlobalScale:
@@ -201,7 +292,11 @@ class QuantizeGlobalScale(_ScalarScale):
         """Collapse per-expert scales into one scalar under ``policy``."""
         if not isinstance(scales, ExpertQuantizeGlobalScales):
             raise TypeError(f"scales: expected ExpertQuantizeGlobalScales, got {type(scales).__name__}")
-        return cls(_value=_collapse("ExpertQuantizeGlobalScales", scales.value, policy, scales.value.min()))
+        return cls(
+            _value=_collapse_global_scales(
+                "ExpertQuantizeGlobalScales", _per_expert(scales.value), policy, quantize_side=True
+            )
+        )
 
 
 @final
@@ -216,9 +311,14 @@ class DequantizeGlobalScale(_ScalarScale):
 
     @classmethod
     def from_checkpoint(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> DequantizeGlobalScale:
-        """The scalar from dequantize-side checkpoint values of any shape, under ``policy``."""
+        """The scalar from dequantize-side checkpoint values of any shape, under ``policy``.
+
+        Refuses as :meth:`QuantizeGlobalScale.from_checkpoint` does; the
+        outlier here is one expert's value so large that it would zero every
+        other expert's inputs.
+        """
         values = _checkpoint_values(cls.__name__, tensor)
-        return cls(_value=_collapse(cls.__name__, values, policy, values.max()))
+        return cls(_value=_collapse_global_scales(cls.__name__, values, policy, quantize_side=False))
 
     @classmethod
     def from_quantize(cls, scale: QuantizeGlobalScale) -> DequantizeGlobalScale:
@@ -234,7 +334,11 @@ class DequantizeGlobalScale(_ScalarScale):
         """Collapse per-expert scales into one scalar under ``policy``."""
         if not isinstance(scales, ExpertDequantizeGlobalScales):
             raise TypeError(f"scales: expected ExpertDequantizeGlobalScales, got {type(scales).__name__}")
-        return cls(_value=_collapse("ExpertDequantizeGlobalScales", scales.value, policy, scales.value.max()))
+        return cls(
+            _value=_collapse_global_scales(
+                "ExpertDequantizeGlobalScales", _per_expert(scales.value), policy, quantize_side=False
+            )
+        )
 
 
 @final
