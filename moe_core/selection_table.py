@@ -69,7 +69,7 @@ def candidate_rows(
         except BackendSelectionError:
             chosen = None
         for route in routes:
-            support = route.supports(device, layer.with_format(fmt))
+            support = route.supports(device, layer)
             reasons = support.reasons if not support.ok else (() if support.by_name_only is None else (support.by_name_only,))
             rows.append(
                 CandidateRow(
