@@ -61,8 +61,14 @@ def reference_device_support(device: DeviceSpec) -> Support:
 
 def reference_supports(device: DeviceSpec, layer: LayerSpec) -> Support:
     """Any layer where torch computes (every activation and routing method: it computes them from the config, and
-    takes any top-k)."""
-    return reference_device_support(device)
+    takes any top-k); expert biases and non-gated experts only in the dense format, whose weights hold them."""
+    reasons = []
+    if layer.format is not DENSE:
+        if layer.config.expert_biases:
+            reasons.append(f"the {layer.format.name} weights hold no expert biases")
+        if not layer.config.activation.gated:
+            reasons.append(f"the {layer.format.name} weights are gated (w13 [E, 2I, H]), not {layer.config.activation.value}")
+    return reference_device_support(device).combine(Support.of(reasons))
 
 
 ORACLE = Priority(Tier.ORACLE)

@@ -248,10 +248,21 @@ def _info(device: DeviceSpec, as_json: bool) -> int:
     print(format_table(["format", "backend", "tier", "chosen", "answer", "degradation"], table))
     print(f"\nmoe-core schemes on {device.describe()}: the backend each would run its layers on")
     print(format_table(["scheme", "format", "would run on"], _scheme_rows(rows)))
+    print("\nthe activations and routing methods each backend computes (asked of its own supports)")
+    print(format_table(["backend", "activations", "routing methods"], _capability_rows(device)))
     if broken:
         print("\nbroken backends (a faulty plugin: its check raised, or its module failed to load)")
         print(format_table(["backend", "problem"], [list(row) for row in broken]))
     return 1 if broken else 0
+
+
+def _capability_rows(device: DeviceSpec) -> list[list[str]]:
+    from moe_core.capability_listing import capability_table
+
+    return [
+        [row.backend, ", ".join(row.supported_activations()) or "-", ", ".join(row.supported_routings()) or "-"]
+        for row in capability_table(device)
+    ]
 
 
 def _scheme_rows(rows: Sequence[CandidateRow]) -> list[list[str]]:

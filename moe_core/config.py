@@ -1,10 +1,16 @@
-"""The static shape and semantics of one MoE layer, shared by every backend."""
+"""The static shape and semantics of one MoE layer, shared by every backend.
+
+The activation and the routing method are typed values: an enum member where
+the method has no parameter, a frozen class where it has some, so a wrong
+parameter is a type error and every value hashes (backends keep them in sets
+and tables). Each value says its name (``.value``) for messages and tables.
+"""
 
 from __future__ import annotations
 
 import enum
 import math
-from typing import final
+from typing import TypeAlias, final
 
 import attrs
 import torch
@@ -14,34 +20,228 @@ from moe_core._checks import require_int
 
 
 class Activation(enum.Enum):
-    """The gated activation between the two expert GEMMs.
+    """The activation between the two expert GEMMs, for those without parameters.
 
-    ``w13`` produces ``[gate | up]`` (gate first, as checkpoints store w1/w3);
-    the expert's hidden activation is ``act(gate) * up``.
+    A gated one reads ``w13``'s output as ``[gate | up]`` (gate first, as
+    checkpoints store w1/w3) and computes ``act(gate) * up``; a non-gated one
+    (``RELU2``) has ``w13`` of ``I`` rows, not ``2I``, and computes ``act(h)``.
     """
 
     SILU_GATED = "silu"
     GELU_GATED = "gelu"
+    """Exact (erf) GELU."""
+    GELU_TANH_GATED = "gelu_tanh"
+    """GELU's tanh approximation (``gelu_pytorch_tanh``)."""
+    RELU2 = "relu2"
+    """Non-gated ``relu(h) ** 2`` (Nemotron-H)."""
+
+    @property
+    def gated(self) -> bool:
+        """True when ``w13`` holds gate and up halves (``2I`` rows)."""
+        return self is not Activation.RELU2
 
     def apply(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``act(gate) * up`` for ``gate_up = [gate | up]`` along the last dim."""
+        """The hidden activation of ``w13``'s output (``[gate | up]`` along the last dim when gated)."""
+        if self is Activation.RELU2:
+            return torch.square(F.relu(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         if self is Activation.SILU_GATED:
             return F.silu(gate) * up
-        return F.gelu(gate) * up
+        if self is Activation.GELU_GATED:
+            return F.gelu(gate) * up
+        return F.gelu(gate, approximate="tanh") * up
+
+
+def _positive_finite(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{type(instance).__name__}.{attribute.name}: expected a float, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{type(instance).__name__}.{attribute.name}: expected a finite value > 0, got {value}")
+
+
+def _nonnegative_finite(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{type(instance).__name__}.{attribute.name}: expected a float, got {type(value).__name__}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{type(instance).__name__}.{attribute.name}: expected a finite value >= 0, got {value}")
+
+
+def _bool(instance: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{type(instance).__name__}.{attribute.name}: expected a bool, got {type(value).__name__}")
+
+
+def _positive_int(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    require_int(f"{type(instance).__name__}.{attribute.name}", value, minimum=1)
+
+
+@final
+@attrs.frozen
+class ClampedSwiglu:
+    """gpt-oss's SwiGLU: ``(up + 1) * gate * sigmoid(alpha * gate)``, gate clamped from above at ``limit``, up to
+    ``[-limit, limit]``.
+
+    gpt-oss checkpoints interleave gate and up rows; that is a property of
+    the checkpoint's layout (:class:`~moe_core.formats.dense.weights.GateUpLayout`),
+    undone when the weights are loaded: ``w13`` is ``[gate | up]`` here too.
+    """
+
+    alpha: float = attrs.field(default=1.702, validator=_positive_finite)
+    limit: float = attrs.field(default=7.0, validator=_positive_finite)
+
+    @property
+    def value(self) -> str:
+        """The name for messages and tables."""
+        return "clamped_swiglu"
+
+    @property
+    def gated(self) -> bool:
+        """Gate and up halves: always."""
+        return True
+
+    def apply(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The activation of ``[gate | up]``, in transformers' order of operations."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        gate = gate.clamp(min=None, max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        glu = gate * torch.sigmoid(gate * self.alpha)
+        return (up + 1) * glu
+
+
+ExpertActivation: TypeAlias = Activation | ClampedSwiglu
+"""Every activation a layer may name."""
+
+ACTIVATION_TYPES = (Activation, ClampedSwiglu)
+"""The classes of :data:`ExpertActivation`, for checks at run time."""
 
 
 class RoutingMethod(enum.Enum):
-    """How router logits become top-k ids and weights.
+    """How router logits become top-k ids and weights, for the methods without parameters.
 
-    Runners that take precomputed top-k (the standard dispatch format) ignore
-    it; kernels that route internally from ``router_logits`` must honour it.
+    Runners that take precomputed top-k (the standard dispatch format) apply
+    the weights to the experts' outputs whatever the method; kernels that
+    route internally from ``router_logits`` must honour it.
     """
 
     SOFTMAX_TOPK = "softmax_topk"
     """Softmax over all experts, then keep the top-k probabilities as they are."""
     TOPK_RENORMALIZE = "topk_renormalize"
     """Top-k of the logits, then softmax over the k picked (weights sum to 1)."""
+
+    @property
+    def scales_input(self) -> bool:
+        """False: the weights scale each expert's output."""
+        return False
+
+
+@final
+@attrs.frozen
+class SigmoidTopK:
+    """Sigmoid of each logit, the top-k of those scores, divided by their sum when ``renormalize``."""
+
+    renormalize: bool = attrs.field(validator=_bool)
+
+    @property
+    def value(self) -> str:
+        """The name for messages and tables."""
+        return "sigmoid_topk_renormalize" if self.renormalize else "sigmoid_topk"
+
+    @property
+    def scales_input(self) -> bool:
+        """False: the weights scale each expert's output."""
+        return False
+
+
+@final
+@attrs.frozen
+class GroupedTopK:
+    """DeepSeek-V3's grouped top-k (also GLM4-MoE): sigmoid scores, experts picked within the best groups.
+
+    The experts form ``n_group`` groups of consecutive ids; a group scores the
+    sum of its two best ``sigmoid(logit) + e_score_correction_bias``; the
+    ``topk_group`` best groups stay, and the top-k of the corrected scores
+    among their experts are picked. Each weight is its uncorrected score,
+    divided by the sum of the k (plus 1e-20) when ``renormalize``; the
+    config's ``routed_scaling_factor`` multiplies the output. The correction
+    bias is a learned tensor: the :class:`~moe_core.routing.Router` holds it.
+    """
+
+    n_group: int = attrs.field(validator=_positive_int)
+    topk_group: int = attrs.field(validator=_positive_int)
+    renormalize: bool = attrs.field(validator=_bool)
+
+    def __attrs_post_init__(self) -> None:
+        if self.topk_group > self.n_group:
+            raise ValueError(f"GroupedTopK.topk_group: expected at most n_group={self.n_group}, got {self.topk_group}")
+
+    @property
+    def value(self) -> str:
+        """The name for messages and tables."""
+        return "grouped_topk"
+
+    @property
+    def scales_input(self) -> bool:
+        """False: the weights scale each expert's output."""
+        return False
+
+
+@final
+@attrs.frozen
+class Llama4Sigmoid:
+    """Llama 4's routing: the top-k logits, each through a sigmoid, scale each picked expert's INPUT.
+
+    An expert of token ``x`` computes ``mlp(sigmoid(logit) * x)`` and its
+    output is summed with weight 1; with a nonlinear MLP that differs from
+    scaling the output, so a runner that scales outputs must refuse it.
+    """
+
+    @property
+    def value(self) -> str:
+        """The name for messages and tables."""
+        return "llama4_sigmoid"
+
+    @property
+    def scales_input(self) -> bool:
+        """True: the weights scale each expert's input."""
+        return True
+
+
+@final
+@attrs.frozen
+class SparseMixer:
+    """PhiMoE's sparsemixer at inference: two experts, each from a softmax over the logits near the best one.
+
+    The first is the arg-max; its weight is its softmax among the logits
+    ``l`` with ``(max - l) / max(|l|, max) <= 2 * jitter_eps``. The second is
+    the arg-max of the rest, weighted the same way among the rest (threshold
+    from the second's logit). Top-2 only.
+    """
+
+    jitter_eps: float = attrs.field(validator=_nonnegative_finite)
+
+    @property
+    def value(self) -> str:
+        """The name for messages and tables."""
+        return "sparsemixer"
+
+    @property
+    def scales_input(self) -> bool:
+        """False: the weights scale each expert's output."""
+        return False
+
+
+Routing: TypeAlias = RoutingMethod | SigmoidTopK | GroupedTopK | Llama4Sigmoid | SparseMixer
+"""Every routing method a layer may name."""
+
+ROUTING_TYPES = (RoutingMethod, SigmoidTopK, GroupedTopK, Llama4Sigmoid, SparseMixer)
+"""The classes of :data:`Routing`, for checks at run time."""
+
+
+def _require_kind(name: str, value: object, kinds: tuple[type, ...]) -> None:
+    if not isinstance(value, kinds):
+        names = [kind.__name__ for kind in kinds]
+        article = "an" if names[0][0] in "AEIOU" else "a"
+        raise TypeError(f"{name}: expected {article} {', '.join(names[:-1])} or {names[-1]}, got {value!r}")
 
 
 @final
@@ -60,9 +260,11 @@ class MoeRunnerConfig:
     top_k: int
     num_local_experts: int = attrs.field(default=attrs.Factory(lambda self: self.num_experts, takes_self=True))
     local_expert_offset: int = 0
-    activation: Activation = Activation.SILU_GATED
-    routing_method: RoutingMethod = RoutingMethod.TOPK_RENORMALIZE
+    activation: ExpertActivation = Activation.SILU_GATED
+    routing_method: Routing = RoutingMethod.TOPK_RENORMALIZE
     routed_scaling_factor: float = 1.0
+    expert_biases: bool = attrs.field(default=False, validator=_bool)
+    """Each expert adds a bias after both GEMMs (gpt-oss): a backend whose kernels add none refuses the layer."""
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_experts", "hidden_size", "intermediate_size_per_partition", "top_k", "num_local_experts"):
@@ -76,12 +278,30 @@ class MoeRunnerConfig:
                 f"[{self.local_expert_offset}, {self.local_expert_offset + self.num_local_experts}) "
                 f"exceed num_experts={self.num_experts}"
             )
-        if not isinstance(self.activation, Activation):
-            raise TypeError(f"activation: expected an Activation, got {self.activation!r}")
-        if not isinstance(self.routing_method, RoutingMethod):
-            raise TypeError(f"routing_method: expected a RoutingMethod, got {self.routing_method!r}")
+        _require_kind("activation", self.activation, ACTIVATION_TYPES)
+        _require_kind("routing_method", self.routing_method, ROUTING_TYPES)
+        self._check_routing()
         factor = self.routed_scaling_factor
         if isinstance(factor, bool) or not isinstance(factor, (int, float)):
             raise TypeError(f"routed_scaling_factor: expected a float, got {type(factor).__name__}")
         if not (math.isfinite(factor) and factor > 0):
             raise ValueError(f"routed_scaling_factor: expected a finite value > 0, got {factor}")
+
+    def _check_routing(self) -> None:
+        """The routing method's own constraints on the sizes."""
+        routing = self.routing_method
+        if isinstance(routing, SparseMixer) and self.top_k != 2:
+            raise ValueError(f"top_k: sparsemixer routing picks exactly 2 experts, got top_k={self.top_k}")
+        if isinstance(routing, GroupedTopK):
+            if self.num_experts % routing.n_group:
+                raise ValueError(
+                    f"routing_method: GroupedTopK.n_group={routing.n_group} must divide num_experts={self.num_experts}"
+                )
+            per_group = self.num_experts // routing.n_group
+            if per_group < 2:
+                raise ValueError(f"routing_method: a group scores its best two experts, got {per_group} per group")
+            if self.top_k > routing.topk_group * per_group:
+                raise ValueError(
+                    f"top_k: expected at most the {routing.topk_group * per_group} experts of the kept groups, "
+                    f"got {self.top_k}"
+                )

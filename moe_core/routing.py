@@ -1,16 +1,117 @@
-"""Top-k routing from router logits, in plain PyTorch, per :class:`RoutingMethod`."""
+"""Routing in plain PyTorch: the router's logits, then top-k ids and weights per the config's routing method.
+
+Each method computes as transformers' own modeling code does (in float32):
+Mixtral/Qwen/OLMoE softmax-top-k, Granite/gpt-oss top-k-softmax,
+DeepSeek-V3/GLM4-MoE grouped top-k, Llama 4's sigmoid, PhiMoE's sparsemixer.
+"""
 
 from __future__ import annotations
 
-import torch
+from typing import final
 
-from moe_core._checks import FLOAT_DTYPES, require_dtype, require_ndim, require_tensor
-from moe_core.config import MoeRunnerConfig, RoutingMethod
+import attrs
+import torch
+import torch.nn.functional as F
+
+from moe_core._checks import FLOAT_DTYPES, require_dtype, require_ndim, require_same_device, require_shape, require_tensor
+from moe_core.config import GroupedTopK, Llama4Sigmoid, MoeRunnerConfig, RoutingMethod, SigmoidTopK, SparseMixer
 from moe_core.dispatch import TopKOutput
 
 
-def select_experts(router_logits: torch.Tensor, config: MoeRunnerConfig) -> TopKOutput:
-    """The top-k ids and weights of ``router_logits [T, num_experts]`` under the config's method."""
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class Router:
+    """A layer's router: ``logits = hidden @ weight.T + bias``, computed in the weight's dtype.
+
+    ``score_correction_bias`` is DeepSeek-V3's ``e_score_correction_bias``:
+    added to the scores that choose the experts, not to their weights
+    (:class:`~moe_core.config.GroupedTopK` only).
+    """
+
+    weight: torch.Tensor
+    """``[num_experts, hidden_size]``."""
+    bias: torch.Tensor | None = None
+    """``[num_experts]`` (gpt-oss)."""
+    score_correction_bias: torch.Tensor | None = None
+    """``[num_experts]``, float32."""
+
+    def __attrs_post_init__(self) -> None:
+        require_tensor("Router.weight", self.weight)
+        require_dtype("Router.weight", self.weight, FLOAT_DTYPES)
+        require_ndim("Router.weight", self.weight, 2, "[num_experts, hidden_size]")
+        tensors = [("weight", self.weight)]
+        for name, tensor in (("bias", self.bias), ("score_correction_bias", self.score_correction_bias)):
+            if tensor is not None:
+                require_tensor(f"Router.{name}", tensor)
+                require_dtype(f"Router.{name}", tensor, FLOAT_DTYPES)
+                require_shape(f"Router.{name}", tensor, (self.num_experts,), "[num_experts] like weight")
+                tensors.append((name, tensor))
+        require_same_device(tensors)
+
+    @property
+    def num_experts(self) -> int:
+        """E, the logits' width."""
+        return int(self.weight.shape[0])
+
+    def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``[T, num_experts]`` logits of ``hidden_states [T, hidden_size]``."""
+        require_tensor("hidden_states", hidden_states)
+        require_ndim("hidden_states", hidden_states, 2, "[num_tokens, hidden_size]")
+        if hidden_states.shape[1] != self.weight.shape[1]:
+            raise ValueError(
+                f"hidden_states: expected {self.weight.shape[1]} columns like Router.weight, got {hidden_states.shape[1]}"
+            )
+        return F.linear(hidden_states.to(self.weight.dtype), self.weight, self.bias)
+
+
+def _grouped_topk(
+    logits: torch.Tensor, method: GroupedTopK, top_k: int, correction: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's router after its logits, step for step."""
+    tokens, experts = logits.shape
+    scores = logits.sigmoid()
+    for_choice = scores if correction is None else scores + correction.float()
+    groups = for_choice.view(tokens, method.n_group, experts // method.n_group)
+    group_scores = groups.topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=method.topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, -1, experts // method.n_group).reshape(tokens, experts)
+    for_choice = for_choice.masked_fill(~score_mask.bool(), float("-inf"))
+    ids = torch.topk(for_choice, k=top_k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, ids)
+    if method.renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights, ids
+
+
+def _mixer_pick(scores: torch.Tensor, candidates: torch.Tensor, jitter_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sparsemixer pick: the arg-max of ``candidates`` and its softmax among the candidates near it."""
+    threshold, picked = candidates.max(dim=-1, keepdim=True)
+    factor = scores.abs().clamp(min=threshold)
+    far = ((threshold - scores) / factor) > (2 * jitter_eps)
+    gates = torch.softmax(candidates.masked_fill(far, float("-inf")), dim=-1)
+    return gates.gather(dim=-1, index=picked), picked
+
+
+def _sparsemixer(logits: torch.Tensor, method: SparseMixer) -> tuple[torch.Tensor, torch.Tensor]:
+    """PhiMoE's ``sparsemixer`` at inference (no Gumbel sampling, no gradient estimator)."""
+    first_weight, first = _mixer_pick(logits, logits, method.jitter_eps)
+    rest = torch.scatter(logits, -1, first, float("-inf"))
+    second_weight, second = _mixer_pick(logits, rest, method.jitter_eps)
+    return torch.cat((first_weight, second_weight), dim=-1), torch.cat((first, second), dim=-1)
+
+
+def select_experts(
+    router_logits: torch.Tensor, config: MoeRunnerConfig, *, score_correction_bias: torch.Tensor | None = None
+) -> TopKOutput:
+    """The top-k ids and weights of ``router_logits [T, num_experts]`` under the config's routing method.
+
+    ``score_correction_bias`` (``[num_experts]``) is taken by
+    :class:`~moe_core.config.GroupedTopK` only. The weights exclude the
+    config's ``routed_scaling_factor``, which runners apply to the output;
+    under :class:`~moe_core.config.Llama4Sigmoid` they scale each expert's
+    input (the config says so, and runners that cannot do that refuse it).
+    """
     require_tensor("router_logits", router_logits)
     require_dtype("router_logits", router_logits, FLOAT_DTYPES)
     require_ndim("router_logits", router_logits, 2, "[num_tokens, num_experts]")
@@ -18,10 +119,36 @@ def select_experts(router_logits: torch.Tensor, config: MoeRunnerConfig) -> TopK
         raise ValueError(
             f"router_logits: expected {config.num_experts} columns (num_experts), got {router_logits.shape[1]}"
         )
+    method = config.routing_method
+    if score_correction_bias is not None:
+        if not isinstance(method, GroupedTopK):
+            raise ValueError(f"score_correction_bias: only GroupedTopK routing takes one, not {method.value}")
+        require_tensor("score_correction_bias", score_correction_bias)
+        require_shape("score_correction_bias", score_correction_bias, (config.num_experts,), "[num_experts]")
     logits = router_logits.float()
-    if config.routing_method is RoutingMethod.SOFTMAX_TOPK:
+    if method is RoutingMethod.SOFTMAX_TOPK:
         weights, ids = torch.softmax(logits, dim=-1).topk(config.top_k, dim=-1)
-    else:
+    elif method is RoutingMethod.TOPK_RENORMALIZE:
         top_logits, ids = logits.topk(config.top_k, dim=-1)
         weights = torch.softmax(top_logits, dim=-1)
+    elif isinstance(method, SigmoidTopK):
+        weights, ids = logits.sigmoid().topk(config.top_k, dim=-1)
+        if method.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+    elif isinstance(method, GroupedTopK):
+        weights, ids = _grouped_topk(logits, method, config.top_k, score_correction_bias)
+    elif isinstance(method, Llama4Sigmoid):
+        top_logits, ids = logits.topk(config.top_k, dim=-1)
+        weights = top_logits.sigmoid()
+    else:
+        weights, ids = _sparsemixer(logits, method)
     return TopKOutput(ids.to(torch.int32), weights, router_logits, num_experts=config.num_experts)
+
+
+def route(hidden_states: torch.Tensor, router: Router, config: MoeRunnerConfig) -> TopKOutput:
+    """The routing of ``hidden_states [T, hidden_size]``: the router's logits through :func:`select_experts`."""
+    if router.num_experts != config.num_experts:
+        raise ValueError(f"router: expected {config.num_experts} experts like the config, got {router.num_experts}")
+    return select_experts(
+        router.logits(hidden_states), config, score_correction_bias=router.score_correction_bias
+    )

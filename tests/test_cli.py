@@ -333,7 +333,11 @@ def test_help_and_version_do_not_import_torch() -> None:
 
 def test_info_lists_schemes_and_the_backend_each_would_choose(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info"]) == 0
-    rows = table_rows(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    capabilities = {cells[0]: cells[1:] for cells in table_lines(out)}
+    assert capabilities["triton-dense"][0] == "silu, gelu", "the activations Triton's fused epilogue computes"
+    assert "llama4_sigmoid" in capabilities["reference-dense"][1]
+    rows = table_rows(out, 1)
     assert rows["compressed-tensors-w4a4-nvfp4 nvfp4"][2:] == ["reference-nvfp4"]
     assert rows["modelopt-nvfp4 nvfp4"][2] == "reference-nvfp4"
     assert rows["unquantized dense"][2] == "reference-dense"

@@ -19,7 +19,6 @@ tests) runs them when chosen by name, never by rank.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
@@ -43,7 +42,7 @@ from moe_core.backends.triton.quant_info import (
     TritonFp8Weights,
     TritonNvfp4W4A16Weights,
 )
-from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
+from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier, interpreter_requested
 from moe_core.formats import fp8_block_size_refusal
 
 ACTIVATIONS = (Activation.SILU_GATED, Activation.GELU_GATED)
@@ -58,7 +57,7 @@ INTERPRETER = "Triton's CPU interpreter (TRITON_INTERPRET=1): exact but slow, fo
 def interpreted() -> bool:
     """True under Triton's CPU interpreter (``TRITON_INTERPRET=1``): the kernels then upcast their dot products and
     round before E4M3 casts."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return interpreter_requested()
 
 
 def _device_support(device: DeviceSpec, capability: tuple[int, int]) -> Support:
@@ -83,6 +82,10 @@ def _layer_reasons(layer: LayerSpec) -> list[str]:
     if config.activation not in ACTIVATIONS:
         names = ", ".join(activation.value for activation in ACTIVATIONS)
         reasons.append(f"its fused epilogue computes {names}, not {config.activation.value}")
+    if config.routing_method.scales_input:
+        reasons.append(f"its kernels weight each expert's output, not its input ({config.routing_method.value} routing)")
+    if config.expert_biases:
+        reasons.append("its kernels add no per-expert biases")
     if layer.dtype not in HIDDEN_DTYPES:
         reasons.append(f"takes bf16/fp16 hidden states, not {layer.dtype}")
     if layer.format is FP8_BLOCK_SCALED:

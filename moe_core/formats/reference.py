@@ -3,13 +3,17 @@
 Written for clarity, not speed: one expert at a time, float32 arithmetic, on
 any device torch runs on. A format's kit says only what differs, as a
 :class:`ReferenceRecipe`: its experts' float32 weights and how each GEMM's
-input is quantized (not at all for 16-bit activations).
+input is quantized (not at all for 16-bit activations); a kit whose weights
+may carry per-expert biases implements :class:`BiasedRecipe` too. The
+config's activation, routing method (weights on each expert's output, or on
+its input for :class:`~moe_core.config.Llama4Sigmoid`) and scaling factor
+are honoured here, for every format.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar, final
+from typing import Generic, Protocol, TypeVar, final, runtime_checkable
 
 import attrs
 import torch
@@ -45,10 +49,23 @@ class ReferenceRecipe(Protocol[W_contra]):
         ...
 
 
+@runtime_checkable
+class BiasedRecipe(ReferenceRecipe[W_contra], Protocol[W_contra]):
+    """A recipe of weights that may carry per-expert biases, added after each GEMM."""
+
+    def biases(self, weights: W_contra, expert: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Local expert ``expert``'s ``w13`` bias (``[rows of w13]``) and ``w2`` bias (``[H]``) in float32, or None."""
+        ...
+
+
 def run_experts(
     config: MoeRunnerConfig, dispatch: DispatchOutput, quant_info: QuantInfo, expert_mlp: ExpertMlp
 ) -> torch.Tensor:
-    """Sum each token's local experts' outputs, weighted by top-k and the scaling factor (values checked first)."""
+    """Sum each token's local experts' outputs, weighted by top-k and the scaling factor (values checked first).
+
+    The top-k weights scale each expert's output, or its input where the
+    config's routing method says so (then the output counts once).
+    """
     check_run_inputs(config, dispatch, quant_info, (DispatchFormat.STANDARD,))
     check_run_values(config, dispatch)
     hidden = dispatch.hidden_states
@@ -58,25 +75,50 @@ def run_experts(
         tokens, slots = torch.nonzero(ids == config.local_expert_offset + local, as_tuple=True)
         if tokens.numel() == 0:
             continue
-        y = expert_mlp(local, hidden[tokens].to(torch.float32))
-        out.index_add_(0, tokens, y * weights[tokens, slots].unsqueeze(-1))
+        x, w = hidden[tokens].to(torch.float32), weights[tokens, slots].unsqueeze(-1)
+        if config.routing_method.scales_input:
+            out.index_add_(0, tokens, expert_mlp(local, x * w))
+        else:
+            out.index_add_(0, tokens, expert_mlp(local, x) * w)
     return (out * config.routed_scaling_factor).to(hidden.dtype)
 
 
 @final
 @attrs.frozen
 class ReferenceRunner(Generic[W]):
-    """A format's oracle: :func:`run_experts` with the recipe's weights and quantization, the config's activation."""
+    """A format's oracle: :func:`run_experts` with the recipe's weights and quantization, the config's activation,
+    and the weights' biases where the config says the experts have some."""
 
     config: MoeRunnerConfig
     recipe: ReferenceRecipe[W]
 
+    def __attrs_post_init__(self) -> None:
+        if self.config.expert_biases and not isinstance(self.recipe, BiasedRecipe):
+            raise ValueError(
+                f"config.expert_biases: {type(self.recipe).__name__} adds no biases (its format carries none)"
+            )
+
     def run(self, dispatch: DispatchOutput, quant_info: W, /) -> torch.Tensor:
         """The ``[T, H]`` MoE output."""
-        recipe, activation = self.recipe, self.config.activation
+        recipe, config = self.recipe, self.config
+        activation, rows = config.activation, config.intermediate_size_per_partition
+        rows *= 2 if activation.gated else 1
+        biased = recipe if isinstance(recipe, BiasedRecipe) else None
 
         def mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
-            h = activation.apply(recipe.quantize_input(quant_info, x) @ recipe.gate_up(quant_info, expert).T)
-            return recipe.quantize_hidden(quant_info, h) @ recipe.down(quant_info, expert).T
+            w13 = recipe.gate_up(quant_info, expert)
+            if w13.shape[0] != rows:
+                raise ValueError(f"quant_info: expected w13 of {rows} rows for {activation.value}, got {w13.shape[0]}")
+            biases = None if biased is None else biased.biases(quant_info, expert)
+            if (biases is not None) != config.expert_biases:
+                raise ValueError(
+                    f"quant_info: the config says expert_biases={config.expert_biases}, "
+                    f"the weights carry {'some' if biases is not None else 'none'}"
+                )
+            h = recipe.quantize_input(quant_info, x) @ w13.T
+            if biases is not None:
+                h = h + biases[0]
+            y = recipe.quantize_hidden(quant_info, activation.apply(h)) @ recipe.down(quant_info, expert).T
+            return y if biases is None else y + biases[1]
 
-        return run_experts(self.config, dispatch, quant_info, mlp)
+        return run_experts(config, dispatch, quant_info, mlp)

@@ -1,4 +1,4 @@
-"""The dense format's reference: its weights upcast to float32, activations as they are."""
+"""The dense format's reference: its weights upcast to float32, activations as they are, biases added."""
 
 from __future__ import annotations
 
@@ -30,3 +30,9 @@ class DenseRecipe:
     def quantize_hidden(self, weights: DenseMoeWeights, h: torch.Tensor) -> torch.Tensor:
         """Not quantized."""
         return h
+
+    def biases(self, weights: DenseMoeWeights, expert: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The expert's ``w13`` and ``w2`` biases in float32, or None for weights without."""
+        if weights.biases is None:
+            return None
+        return weights.biases.w13[expert].to(torch.float32), weights.biases.w2[expert].to(torch.float32)

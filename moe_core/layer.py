@@ -1,0 +1,122 @@
+"""One whole MoE layer: hidden states in, output out (router, routing, routed experts, shared expert).
+
+Built once: the weights go through backend selection (by capability, or by
+name) and the chosen backend's conversion; the forward is then router
+logits -> :func:`~moe_core.routing.route` -> the bound runner -> plus the
+shared expert, with nothing re-inferred.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from moe_core._checks import FLOAT_DTYPES, require_dtype, require_ndim, require_same_device, require_shape, require_tensor
+from moe_core.capability import DeviceSpec, LayerSpec
+from moe_core.config import Activation, ExpertActivation, MoeRunnerConfig
+from moe_core.dispatch import StandardDispatchOutput, TopKOutput
+from moe_core.formats.dense import DENSE, DenseMoeWeights
+from moe_core.registry import MoeForward, choose
+from moe_core.routing import Router, route
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class SharedExpert:
+    """An always-on MLP beside the routed experts, added once per token (DeepSeek-V3, GLM4-MoE, Qwen2-MoE, Llama 4).
+
+    Computed in the hidden states' dtype, as the models' own dense MLPs are;
+    with ``gate`` (Qwen2-MoE) its output is scaled by ``sigmoid(x @ gate.T)``.
+    """
+
+    w13: torch.Tensor
+    """``[2 * I, H]`` gate rows then up rows (``[I, H]`` for a non-gated activation)."""
+    w2: torch.Tensor
+    """``[H, I]``."""
+    activation: ExpertActivation = Activation.SILU_GATED
+    gate: torch.Tensor | None = None
+    """``[1, H]``."""
+
+    def __attrs_post_init__(self) -> None:
+        require_tensor("SharedExpert.w13", self.w13)
+        require_tensor("SharedExpert.w2", self.w2)
+        require_ndim("SharedExpert.w13", self.w13, 2, "[rows, hidden_size]")
+        require_ndim("SharedExpert.w2", self.w2, 2, "[hidden_size, intermediate_size]")
+        hidden, inter = (int(d) for d in self.w2.shape)
+        rows = 2 * inter if self.activation.gated else inter
+        require_shape("SharedExpert.w13", self.w13, (rows, hidden), f"[{rows} rows for {self.activation.value}, H]")
+        tensors = [("w13", self.w13), ("w2", self.w2)]
+        for name, tensor in tensors:
+            require_dtype(f"SharedExpert.{name}", tensor, FLOAT_DTYPES)
+        if self.gate is not None:
+            require_tensor("SharedExpert.gate", self.gate)
+            require_shape("SharedExpert.gate", self.gate, (1, hidden), "[1, hidden_size]")
+            tensors.append(("gate", self.gate))
+        require_same_device(tensors)
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``[T, H]`` output of ``hidden_states [T, H]``."""
+        out = F.linear(self.activation.apply(F.linear(hidden_states, self.w13)), self.w2)
+        if self.gate is None:
+            return out
+        return torch.sigmoid(F.linear(hidden_states, self.gate)) * out
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class MoeLayer:
+    """A built MoE layer: ``layer(hidden_states [T, H]) -> [T, H]``; ``backend`` says what runs the routed experts."""
+
+    config: MoeRunnerConfig
+    router: Router
+    experts: MoeForward
+    backend: str
+    """The selection's summary: the backend chosen, and those passed over with why."""
+    shared_expert: SharedExpert | None = None
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, TopKOutput]:
+        """The output and the routing that produced it (for blocks that also return weights or logits)."""
+        topk = route(hidden_states, self.router, self.config)
+        out = self.experts(StandardDispatchOutput(hidden_states, topk))
+        if self.shared_expert is not None:
+            out = out + self.shared_expert(hidden_states)
+        return out, topk
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The ``[T, H]`` output."""
+        return self.forward(hidden_states)[0]
+
+
+def dense_layer(
+    config: MoeRunnerConfig,
+    router: Router,
+    weights: DenseMoeWeights,
+    *,
+    dtype: torch.dtype,
+    device: DeviceSpec | torch.device | None = None,
+    backend: str | None = None,
+    shared_expert: SharedExpert | None = None,
+) -> MoeLayer:
+    """A layer of unquantized experts, its backend chosen for ``dtype`` hidden states on ``device`` (default: where
+    the weights are), by name when ``backend`` is given; the weights are converted for it once, here."""
+    if config.expert_biases != (weights.biases is not None):
+        raise ValueError(
+            f"config.expert_biases: expected {weights.biases is not None} for weights "
+            f"{'with' if weights.biases is not None else 'without'} biases, got {config.expert_biases}"
+        )
+    if config.activation.gated != weights.gated:
+        raise ValueError(
+            f"weights: w13 has {weights.w13.shape[1]} rows, which {config.activation.value} "
+            f"({'gated' if config.activation.gated else 'not gated'}) does not take"
+        )
+    selection = choose(DENSE, weights.device if device is None else device, LayerSpec(config, DENSE, dtype), name=backend)
+    return MoeLayer(
+        config=config,
+        router=router,
+        experts=selection.chosen.bind(config, weights),
+        backend=selection.summary(),
+        shared_expert=shared_expert,
+    )
