@@ -9,7 +9,16 @@ scales) and one routed batch, per canonical format:
 2. for NVFP4 (W4A4 and W4A16), the same reference against the float64 MoE
    of the unquantized layer: the quantization error, reported, not judged;
 3. every registered backend that converts from the format, through its own
-   registered conversion, against the oracle, with the user's tolerance.
+   registered conversion, against the oracle, with the user's tolerance;
+4. the same layer with each config field a backend may claim varied, one at
+   a time (:func:`config_variants`: every :class:`Activation` and
+   :class:`RoutingMethod` member, a routed scaling factor other than 1, and
+   expert parallelism), on the first :data:`VARIANT_TOKENS` tokens, untimed:
+   the oracle against the float64 MoE of that config, and each backend whose
+   ``supports`` takes that config against the oracle (a refusal is a skipped
+   row with its reasons), so a backend that ignores a field it claims fails.
+   A variant the format cannot hold (a non-gated activation in a format of
+   gate and up halves) is one skipped row.
 
 With ``--checkpoint DIR``, the layer is one MoE layer of a real checkpoint,
 loaded through its scheme, and the batch is routed by its own router: the
@@ -22,6 +31,7 @@ the wrong shape, dtype or device, or misses its tolerance is a FAILED row.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -39,9 +49,9 @@ from moe_core.backends.reference import (
     REFERENCE_NVFP4_W4A16,
 )
 from moe_core.capability import DeviceSpec, LayerSpec
-from moe_core.config import MoeRunnerConfig
+from moe_core.config import Activation, MoeRunnerConfig, RoutingMethod
 from moe_core.conversion import FormatInfo, WeightFormat
-from moe_core.dispatch import StandardDispatchOutput
+from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 from moe_core.float64_moe import float64_moe, fp8_per_group_round_trips, fp8_per_token_round_trips, fp8_round_trips, nvfp4_round_trips
 from moe_core.formats import DENSE, FP8, FP8_BLOCK_SCALED, FP8_CHANNEL, NVFP4, NVFP4_W4A16
 from moe_core.formats import (
@@ -54,10 +64,81 @@ from moe_core.formats import (
     fp8_block_size_refusal,
 )
 from moe_core.registry import BackendEntry, BackendKey, MoeForward
+from moe_core.routing import select_experts
 from moe_core.runner import QuantInfo
 from moe_core.synthetic import quantize_fp8_block_layer, quantize_fp8_channel_layer, quantize_fp8_layer, quantize_nvfp4_layer
 
 W = TypeVar("W", bound=QuantInfo)
+
+VARIANT_TOKENS = 4
+"""Tokens of the batch each config variant runs, each forward called once, untimed: the variants' rows took 1.1 s of
+the default ``moe-core check``'s 3.3 s on the CPU (8 experts, hidden 256, intermediate 512)."""
+
+VARIANT_SCALING_FACTOR = 2.5
+"""The routed scaling factor of its variant (any value other than 1 that the default config does not have)."""
+
+
+def config_variants(config: MoeRunnerConfig) -> list[tuple[str, MoeRunnerConfig]]:
+    """``config`` with each field a backend may claim varied, one at a time, named for the table (no spaces: a
+    table cell never breaks inside a word).
+
+    Every :class:`Activation` and :class:`RoutingMethod` member other than
+    the config's (iterated, so a new member is checked without an edit here),
+    a routed scaling factor other than the config's, and expert parallelism
+    (the last half of the experts local) where all experts are local. A
+    value the config's own validation refuses for these sizes is left out.
+    """
+    factor = VARIANT_SCALING_FACTOR if config.routed_scaling_factor != VARIANT_SCALING_FACTOR else 1.0
+    changes: list[tuple[str, Callable[[], MoeRunnerConfig]]] = [
+        *((f"activation={a.value}", functools.partial(attrs.evolve, config, activation=a))
+          for a in Activation if a is not config.activation),
+        *((f"routing={r.value}", functools.partial(attrs.evolve, config, routing_method=r))
+          for r in RoutingMethod if r is not config.routing_method),
+        (f"routed_scaling_factor={factor:g}", functools.partial(attrs.evolve, config, routed_scaling_factor=factor)),
+    ]
+    if config.num_local_experts == config.num_experts > 1:
+        local = config.num_experts // 2
+        offset = config.num_experts - local
+        changes.append((
+            f"local_experts={offset}-{config.num_experts - 1}/{config.num_experts}",
+            functools.partial(attrs.evolve, config, num_local_experts=local, local_expert_offset=offset),
+        ))
+    variants = []
+    for name, change in changes:
+        try:
+            variants.append((name, change()))
+        except (TypeError, ValueError):
+            continue
+    return variants
+
+
+def _variant_layer(
+    run: CheckRun, variant: MoeRunnerConfig
+) -> tuple[DenseMoeWeights, StandardDispatchOutput] | str:
+    """The run's layer and first tokens as ``variant`` sees them, or why there is none.
+
+    Its local experts' weights (w13's gate half alone for a non-gated
+    activation) and the batch routed again by ``variant``'s method from the
+    run's router logits.
+    """
+    config, source, dispatch = run.config, run.source, run.dispatch
+    first = variant.local_expert_offset - config.local_expert_offset
+    if first < 0 or first + variant.num_local_experts > config.num_local_experts:
+        return "the run's weights do not hold these local experts"
+    experts = slice(first, first + variant.num_local_experts)
+    w13 = source.w13[experts]
+    if not variant.activation.gated:
+        w13 = w13[:, : variant.intermediate_size_per_partition]
+    tokens = min(VARIANT_TOKENS, dispatch.topk.num_tokens)
+    logits = dispatch.topk.router_logits
+    if logits is None:
+        if variant.routing_method is not config.routing_method:
+            return "the batch has no router logits to route again"
+        topk = TopKOutput(dispatch.topk.topk_ids[:tokens], dispatch.topk.topk_weights[:tokens], num_experts=variant.num_experts)
+    else:
+        topk = select_experts(logits[:tokens], variant)
+    return DenseMoeWeights(w13=w13, w2=source.w2[experts]), StandardDispatchOutput(dispatch.hidden_states[:tokens], topk)
+
 
 def oracle_tolerance(dtype: torch.dtype) -> float:
     """Largest relative l2 error of a reference backend against the float64 MoE, for outputs in ``dtype``.
@@ -119,6 +200,13 @@ def time_forward(forward: MoeForward, dispatch: StandardDispatchOutput, min_call
         synchronize()
         times.append((time.perf_counter() - start) * 1e3)
     return out, Timing(statistics.median(times), min(times), max(times), len(times))
+
+
+def _forward(forward: MoeForward, dispatch: StandardDispatchOutput, min_calls: int | None) -> tuple[torch.Tensor, Timing | None]:
+    """:func:`time_forward`, or with ``min_calls`` None one untimed call."""
+    if min_calls is None:
+        return forward(dispatch), None
+    return time_forward(forward, dispatch, min_calls)
 
 
 def output_problem(out: object, dispatch: StandardDispatchOutput) -> str | None:
@@ -198,20 +286,67 @@ class FormatCheck(Generic[W]):
             return [CheckRow(self.format.name, self.oracle.name, "-", None, None, None, None, f"skipped: {refusal}")]
         weights = self.build(run.config, run.source, run.dispatch)
         unquantized = None if run.source is weights else run.source
-        return self.rows_for(run, weights, unquantized, "float64 MoE, unquantized weights")
+        rows = self.rows_for(run, weights, unquantized, "float64 MoE, unquantized weights")
+        for name, variant in config_variants(run.config):
+            rows += self.variant_rows(run, name, variant, weights)
+        return rows
+
+    def variant_rows(self, run: CheckRun, name: str, variant: MoeRunnerConfig, weights: W | None = None) -> list[CheckRow]:
+        """The oracle's and the backends' rows, untimed, for the run's layer under ``variant`` (named ``name``).
+
+        ``weights``, the run's own in this format, are reused where the
+        variant has the same local experts and weight shapes; otherwise they
+        are built again. Only backends that take the run's own config are
+        tried (the others' rows already say why not). Where the format cannot
+        hold that layer (its sizes, or its weights' shape for the variant's
+        activation), one skipped row says why.
+        """
+        label = f"{self.format.name}[{name}]"
+
+        def skipped(reason: str) -> list[CheckRow]:
+            return [CheckRow(label, self.oracle.name, "-", None, None, None, None, f"skipped: {reason}")]
+
+        refusal = self.refusal(variant)
+        if refusal is not None:
+            return skipped(refusal)
+        layer = _variant_layer(run, variant)
+        if isinstance(layer, str):
+            return skipped(layer)
+        source, dispatch = layer
+        config = run.config
+        same_experts = (variant.num_local_experts, variant.local_expert_offset) == (config.num_local_experts, config.local_expert_offset)
+        if weights is None or not same_experts or variant.activation.gated != config.activation.gated:
+            try:
+                weights = self.build(variant, source, dispatch)
+            except (TypeError, ValueError) as error:
+                return skipped(f"the {self.format.name} format cannot hold this layer: {error}")
+        device = DeviceSpec.of(run.dispatch.hidden_states.device)
+        base = LayerSpec(run.config, self.format, run.dispatch.hidden_states.dtype)
+        running = [backend for backend in run.backends if backend.supports(device, base).ok]
+        variant_run = attrs.evolve(run, config=variant, source=source, dispatch=dispatch, backends=running)
+        return self.rows_for(variant_run, weights, label=label, timed=False)
 
     def rows_for(
-        self, run: CheckRun, weights: object, unquantized: DenseMoeWeights | None = None, unquantized_name: str = ""
+        self,
+        run: CheckRun,
+        weights: object,
+        unquantized: DenseMoeWeights | None = None,
+        unquantized_name: str = "",
+        *,
+        label: str | None = None,
+        timed: bool = True,
     ) -> list[CheckRow]:
         """The oracle's rows on ``weights``, then one row per backend converting from this format.
 
         With ``unquantized``, an ``info`` row gives the oracle's error against
         the float64 MoE of those dense weights (named ``unquantized_name``).
+        ``label`` names the rows (the format's name by default); untimed rows
+        call each forward once, and a backend's refusal is a skipped row.
         """
-        name, config, dispatch = self.format.name, run.config, run.dispatch
+        name, config, dispatch = label or self.format.name, run.config, run.dispatch
         typed = self.format.narrow(weights)
         run.progress(f"{name}: running the reference {self.oracle.name}")
-        expected, timing = time_forward(self.oracle.bind(config, typed), dispatch, run.min_calls)
+        expected, timing = _forward(self.oracle.bind(config, typed), dispatch, run.min_calls if timed else None)
         rel, worst = errors(expected, self.independent(config, dispatch, typed))
         limit = oracle_tolerance(dispatch.hidden_states.dtype)
         verdict = "ok" if rel <= limit else f"FAILED: error above {limit:g}"
@@ -222,22 +357,25 @@ class FormatCheck(Generic[W]):
         for backend in run.backends:
             if backend.name == self.oracle.name or not backend.converts_from(self.format):
                 continue
-            rows.append(self._backend_row(backend, run, typed, expected))
+            rows.append(self._backend_row(backend, run, typed, expected, name, timed))
         return rows
 
-    def _backend_row(self, backend: BackendEntry, run: CheckRun, weights: W, expected: torch.Tensor) -> CheckRow:
+    def _backend_row(
+        self, backend: BackendEntry, run: CheckRun, weights: W, expected: torch.Tensor, label: str, timed: bool
+    ) -> CheckRow:
         def row(verdict: str, rel: float | None = None, worst: float | None = None, timing: Timing | None = None) -> CheckRow:
-            return CheckRow(self.format.name, backend.name, self.oracle.name, rel, worst, run.tolerance, timing, verdict)
+            return CheckRow(label, backend.name, self.oracle.name, rel, worst, run.tolerance, timing, verdict)
 
         dispatch = run.dispatch
         layer = LayerSpec(run.config, self.format, dispatch.hidden_states.dtype)
         support = backend.supports(DeviceSpec.of(dispatch.hidden_states.device), layer)
         if not support.ok:
-            prefix = "FAILED" if support.broken else "unsupported"
+            prefix = "FAILED" if support.broken else "unsupported" if timed else "skipped"
             return row(f"{prefix}: {support.describe()}")
-        run.progress(f"{self.format.name}: running {backend.name}")
+        run.progress(f"{label}: running {backend.name}")
         try:
-            out, timing = time_forward(backend.route(self.format).bind(run.config, weights), dispatch, run.min_calls)
+            forward = backend.route(self.format).bind(run.config, weights)
+            out, timing = _forward(forward, dispatch, run.min_calls if timed else None)
         except Exception as error:  # a backend may fail in any way: report it, check the rest
             return row(f"FAILED: {type(error).__name__}: {error}")
         problem = output_problem(out, dispatch)
@@ -257,7 +395,14 @@ class _Check(Protocol):
     def rows(self, run: CheckRun) -> list[CheckRow]: ...
 
     def rows_for(
-        self, run: CheckRun, weights: object, unquantized: DenseMoeWeights | None = ..., unquantized_name: str = ...
+        self,
+        run: CheckRun,
+        weights: object,
+        unquantized: DenseMoeWeights | None = ...,
+        unquantized_name: str = ...,
+        *,
+        label: str | None = ...,
+        timed: bool = ...,
     ) -> list[CheckRow]: ...
 
 

@@ -1,29 +1,30 @@
 """An MoE layer in float64, one token and one expert at a time: the check on the reference backends.
 
 It shares nothing with the reference runners but the activation quantizers
-(NVFP4's checked bit for bit against compressed-tensors), so an indexing,
+(NVFP4's follows the FP4 kernels' recipe, :func:`~moe_core.nvfp4.quantize_activation`), so an indexing,
 routing, scaling or activation mistake in either shows up as a difference.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
-from moe_core.config import Activation, MoeRunnerConfig
+from moe_core.config import Activation, ClampedSwiglu, ExpertActivation, MoeRunnerConfig
 from moe_core.dispatch import DispatchOutput
 from moe_core.fp8 import Fp8TensorScale, fake_quantize_fp8, fake_quantize_fp8_per_group, fake_quantize_fp8_per_token
 from moe_core.global_scales import QuantizeGlobalScale
 from moe_core.formats import Fp8MoeWeights, Nvfp4MoeWeights
-from moe_core.nvfp4 import Nvfp4Tensor
+from moe_core.nvfp4 import quantize_activation
 
 RoundTrip = Callable[[torch.Tensor], torch.Tensor]
 """One token's float64 vector -> the same after its GEMM input's quantization round trip, float64."""
 
 
 def _nvfp4_round_trip(scale: QuantizeGlobalScale) -> RoundTrip:
-    return lambda x: Nvfp4Tensor.quantize(x.float()[None], scale).dequantize()[0].double()
+    return lambda x: quantize_activation(x.float()[None], scale).dequantize()[0].double()
 
 
 def _fp8_round_trip(scale: Fp8TensorScale) -> RoundTrip:
@@ -32,7 +33,8 @@ def _fp8_round_trip(scale: Fp8TensorScale) -> RoundTrip:
 
 
 def nvfp4_round_trips(weights: Nvfp4MoeWeights) -> tuple[RoundTrip, RoundTrip]:
-    """Both GEMM inputs' NVFP4 round trips with the layer's input scales, from their float32 values (as W4A4 kernels see them)."""
+    """Both GEMM inputs' NVFP4 round trips with the layer's input scales, from their float32 values, by the W4A4
+    kernels' recipe."""
     return _nvfp4_round_trip(weights.w13_input_scale), _nvfp4_round_trip(weights.w2_input_scale)
 
 
@@ -60,6 +62,26 @@ def fp8_per_group_round_trips() -> tuple[RoundTrip, RoundTrip]:
     return _dynamic_round_trips(fake_quantize_fp8_per_group)
 
 
+def _activation(activation: ExpertActivation, h: torch.Tensor, inter: int) -> torch.Tensor:
+    """One token's hidden activation from ``w13``'s float64 output, each activation written out here; one this
+    module does not know yet is computed by its own ``apply`` (in float64)."""
+    if not activation.gated:
+        if activation is Activation.RELU2:
+            return torch.relu(h) ** 2
+        return activation.apply(h)
+    gate, up = h[:inter], h[inter:]
+    if activation is Activation.SILU_GATED:
+        return gate * torch.sigmoid(gate) * up
+    if activation is Activation.GELU_GATED:
+        return 0.5 * gate * (1 + torch.erf(gate / math.sqrt(2))) * up
+    if activation is Activation.GELU_TANH_GATED:
+        return 0.5 * gate * (1 + torch.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3))) * up
+    if isinstance(activation, ClampedSwiglu):
+        gate, up = gate.clamp(max=activation.limit), up.clamp(-activation.limit, activation.limit)
+        return (up + 1) * gate * torch.sigmoid(activation.alpha * gate)
+    return activation.apply(h)
+
+
 def float64_moe(
     config: MoeRunnerConfig,
     dispatch: DispatchOutput,
@@ -69,7 +91,8 @@ def float64_moe(
 ) -> torch.Tensor:
     """The layer's ``[T, H]`` output in float64, on the CPU, for weights ``w13 [E, 2I, H]`` and ``w2 [E, H, I]``.
 
-    With ``round_trips``, each GEMM input goes through its quantization round
+    The top-k weights scale each expert's output, or its input where the
+    routing method says so. With ``round_trips``, each GEMM input goes through its quantization round
     trip first (:func:`nvfp4_round_trips`, :func:`fp8_round_trips`,
     :func:`fp8_per_token_round_trips`, :func:`fp8_per_group_round_trips`).
     """
@@ -77,22 +100,19 @@ def float64_moe(
     ids, weights = topk.topk_ids.cpu(), topk.topk_weights.cpu()
     w13, w2 = w13.cpu(), w2.cpu()
     inter = config.intermediate_size_per_partition
+    input_weighted = config.routing_method.scales_input
     out = torch.zeros(hidden.shape, dtype=torch.float64)
     for t in range(hidden.shape[0]):
         for k in range(topk.top_k):
             local = int(ids[t, k]) - config.local_expert_offset
             if not 0 <= local < config.num_local_experts:
                 continue
-            xt = hidden[t].double()
+            weight = float(weights[t, k])
+            xt = hidden[t].double() * (weight if input_weighted else 1.0)
             if round_trips is not None:
                 xt = round_trips[0](xt)
-            h = w13[local].double() @ xt
-            gate, up = h[:inter], h[inter:]
-            if config.activation is Activation.SILU_GATED:
-                act = gate * torch.sigmoid(gate) * up
-            else:
-                act = 0.5 * gate * (1 + torch.erf(gate / 2**0.5)) * up
+            act = _activation(config.activation, w13[local].double() @ xt, inter)
             if round_trips is not None:
                 act = round_trips[1](act)
-            out[t] += float(weights[t, k]) * (w2[local].double() @ act)
+            out[t] += (1.0 if input_weighted else weight) * (w2[local].double() @ act)
     return out * config.routed_scaling_factor

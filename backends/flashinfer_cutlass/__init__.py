@@ -21,7 +21,7 @@ from moe_core.backends._flashinfer import device_reasons, require_available, row
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.backends.flashinfer_cutlass.kernel import load_kernels
 from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassFp8Weights, CutlassNvfp4Weights
-from moe_core.backends.flashinfer_cutlass.runner import CutlassQuantInfo, CutlassRunner
+from moe_core.backends.flashinfer_cutlass.runner import CutlassQuantInfo, CutlassRunner, expert_parallel_rank
 
 DENSE_CAPABILITY = (9, 0)
 """The bf16 grouped GEMMs run on SM90 and later."""
@@ -44,14 +44,27 @@ def nvfp4_device_support(device: DeviceSpec) -> Support:
     return Support.of(device_reasons(device, NVFP4_CAPABILITIES, minimum=False))
 
 
+def expert_slice_reasons(layer: LayerSpec) -> list[str]:
+    """Why the kernel cannot take ``layer``'s local experts: it takes expert parallelism as ``ep_size``/``ep_rank``,
+    so they must be one of ``num_experts / num_local_experts`` equal slices (empty when they are)."""
+    config = layer.config
+    try:
+        expert_parallel_rank(config)
+    except ValueError as error:
+        return [str(error)]
+    return []
+
+
 def bf16_supports(device: DeviceSpec, layer: LayerSpec) -> Support:
-    """:func:`bf16_device_support`, and a SwiGLU layer."""
-    return bf16_device_support(device).combine(Support.of(swiglu_only(layer)))
+    """:func:`bf16_device_support`, and a SwiGLU layer whose local experts are an equal slice."""
+    return bf16_device_support(device).combine(Support.of(swiglu_only(layer) + expert_slice_reasons(layer)))
 
 
 def nvfp4_supports(device: DeviceSpec, layer: LayerSpec) -> Support:
-    """:func:`nvfp4_device_support`, and a SwiGLU layer whose sizes fit the FP4 kernels' 128-row tiles."""
-    return nvfp4_device_support(device).combine(Support.of(swiglu_only(layer) + row_alignment_reasons(layer)))
+    """:func:`nvfp4_device_support`, and a SwiGLU layer of equal expert slices whose sizes fit the FP4 kernels'
+    128-row tiles."""
+    reasons = swiglu_only(layer) + expert_slice_reasons(layer) + row_alignment_reasons(layer)
+    return nvfp4_device_support(device).combine(Support.of(reasons))
 
 
 Q = TypeVar("Q", bound=CutlassQuantInfo)
@@ -89,10 +102,10 @@ FLASHINFER_CUTLASS_FP8: BackendKey[CutlassFp8Weights] = register_backend(
 
 FLASHINFER_CUTLASS_NVFP4: BackendKey[CutlassNvfp4Weights] = register_backend(
     "flashinfer-cutlass-nvfp4",
-    description="FlashInfer CUTLASS fused MoE, NVFP4 W4A4, one FC1 alpha (w1/w3 scales reconciled) (SM100/SM110/SM120)",
+    description="FlashInfer CUTLASS fused MoE, NVFP4 W4A4, one FC1 alpha (w3/w1 ratio folded into FC2) (SM100/SM110/SM120)",
     factory=_factory("flashinfer-cutlass-nvfp4", nvfp4_device_support),
     supports=nvfp4_supports,
     priority=Priority(Tier.KERNEL, order=1),
-    conversions=[Conversion(NVFP4, CutlassNvfp4Weights.from_nvfp4_rescaled)],
+    conversions=[Conversion(NVFP4, CutlassNvfp4Weights.from_nvfp4_folded)],
 )
 """NVFP4 W4A4 experts through ``cutlass_fused_moe``."""

@@ -3,9 +3,20 @@
 With precomputed top-k (the standard dispatch) it calls the routed kernel
 with the ``(ids, weights)`` pair; where the dispatch carries router logits
 and the config's routing method is one the kernel implements, it lets the
-kernel route. The hidden states are quantized to NVFP4 with the quant
+kernel route (for any other method, the routed kernel takes the dispatch's
+top-k, which the kernel then neither recomputes nor rescales). The hidden states are quantized to NVFP4 with the quant
 info's scalar ``[1]`` global scale and linear-layout block scales (the only
 layout the kernel reads). Checks read metadata only; nothing is read back.
+
+The routed scaling factor goes inside the kernel, folded into FC2's
+per-expert output scalar (``output2_scale_scalar * factor``, float32, applied
+before the kernel's bf16 output), not as the kernel's own
+``routed_scaling_factor`` argument: the kernel applies that one only in its
+DeepSeekV3 and MiniMax2 routing (``csrc/fused_moe/trtllm_backend/
+trtllm_fused_moe_routing_runner.cu`` sets ``mRouteScale`` there alone) and
+ignores it for Default and Renormalize routing and precomputed top-k, the
+paths this runner takes. Multiplying the bf16 output afterwards would round
+it once more.
 """
 
 from __future__ import annotations
@@ -62,22 +73,25 @@ class TrtllmFp4Runner:
         x_scales = x_scale_bytes.view(torch.float8_e4m3fn).reshape(tokens, hidden_size // 16)
         out = torch.empty((tokens, hidden_size), dtype=torch.bfloat16, device=hidden.device)
         topk = dispatch.topk
+        output2_scale = quant_info.output2_scale_scalar.value
+        if config.routed_scaling_factor != 1.0:
+            output2_scale = output2_scale * config.routed_scaling_factor
         head = (
             None,
             x_codes,
             x_scales,
             quant_info.gemm1_weights,
-            quant_info.gemm1_scales.data,
+            quant_info.gemm1_scales._tiles,
             None,
             None,
             None,
             None,
             quant_info.gemm2_weights,
-            quant_info.gemm2_scales.data,
+            quant_info.gemm2_scales._tiles,
             None,
             quant_info.output1_scale_scalar.value,
             quant_info.output1_scale_gate_scalar.value,
-            quant_info.output2_scale_scalar.value,
+            output2_scale,
             config.num_experts,
             config.top_k,
             None,
@@ -87,8 +101,10 @@ class TrtllmFp4Runner:
             config.num_local_experts,
             None,
         )
-        routing = kernels.routing_methods[KERNEL_ROUTING[config.routing_method]]
-        if topk.router_logits is not None:
+        method = config.routing_method
+        kernel_method = KERNEL_ROUTING.get(method) if isinstance(method, RoutingMethod) else None
+        routing = kernels.routing_methods[kernel_method or "Default"]
+        if topk.router_logits is not None and kernel_method is not None:
             kernels.logits_moe(
                 topk.router_logits,
                 *head,
@@ -108,6 +124,4 @@ class TrtllmFp4Runner:
                 output=out,
                 **kernels.routed_extra,
             )
-        if config.routed_scaling_factor != 1.0:
-            out.mul_(config.routed_scaling_factor)
         return out if hidden.dtype == torch.bfloat16 else out.to(hidden.dtype)

@@ -21,12 +21,22 @@ kernel computes. Rules, each from FlashInfer's source:
   weight block scales 128x4-swizzled (the same test's ``convert_swizzled_to_linear``).
 - Expert parallelism: the weights hold ``E_local`` experts, rank ``ep_rank`` of
   ``ep_size`` owns global ids ``[ep_rank * E_local, (ep_rank + 1) * E_local)``.
-- Numerics: ``silu(gate) * up`` per expert; bf16/fp16 experts write it in the
-  input dtype before FC2 (the kernel's intermediate buffer is of the activation
-  type); NVFP4 multiplies each GEMM's accumulator by its alpha and quantizes
-  the activation with ``fc2_act_global``; FP8 multiplies FC1's accumulator by
+- Numerics: ``silu(gate) * up`` per expert; the output is the routing-weighted
+  sum. NVFP4 multiplies each GEMM's accumulator by its alpha and quantizes the
+  activation with ``fc2_act_global``; FP8 multiplies FC1's accumulator by
   ``fc1_dequant``, quantizes the activation as ``e4m3(h * fc2_quant)`` and
-  multiplies FC2's by ``fc2_dequant``; the output is the routing-weighted sum.
+  multiplies FC2's by ``fc2_dequant``.
+- Rounding points (``csrc/fused_moe/cutlass_backend/cutlass_fused_moe_kernels.cuh``):
+  GEMM1 writes its (alpha- or dequant-scaled) output in ``UnfusedGemmOutputType``,
+  the backbone 16-bit type (``moe_kernels.h``: ``= BackBoneType``, the input's
+  dtype for bf16/fp16 experts, ``output_dtype`` for quantized ones), and
+  ``doActivationKernel`` reads it back into float; the activation is computed in
+  float and written in the backbone type (bf16/fp16 experts: ``arrayConvert``
+  into the intermediate buffer) or, for NVFP4, converted to it before the FP4
+  quantizer (``quantizePackedFPXValue``: ``static_cast<GemmOutputType>`` into
+  the ``PackedVec`` that ``cvt_warp_fp16_to_fp4`` reads); FP8 quantizes the
+  float activation directly. Not modelled: GEMM2's own 16-bit output before the
+  finalize (unfused path only), and the approximate reciprocals of the FP4 quantizer.
 """
 
 from __future__ import annotations
@@ -159,6 +169,7 @@ def cutlass_fused_moe(
     if output is not None:
         _check("output", output, output_dtype, (tokens, hidden))
 
+    backbone = output_dtype if nvfp4 or fp8 else input.dtype  # the 16-bit type GEMM1's output and the activation are written in
     result = torch.zeros((tokens, hidden), dtype=torch.float32, device=input.device)
     for local in range(experts):
         rows, slots = torch.nonzero(ids == ep_rank * experts + local, as_tuple=True)
@@ -167,18 +178,18 @@ def cutlass_fused_moe(
         x = input[rows]
         if nvfp4:
             x_values, x_scales = quantize_blocks(x, a1[local])
-            acc1 = (dequantize(x_values, x_scales) @ w1[local].T) * fc1_alpha[local]
-            h = torch.nn.functional.silu(acc1[:, inter:]) * acc1[:, :inter]
+            acc1 = ((dequantize(x_values, x_scales) @ w1[local].T) * fc1_alpha[local]).to(backbone).float()
+            h = (torch.nn.functional.silu(acc1[:, inter:]) * acc1[:, :inter]).to(backbone)
             h_values, h_scales = quantize_blocks(h, a2[local])
             y = (dequantize(h_values, h_scales) @ w2[local].T) * fc2_alpha[local]
         elif fp8:
-            acc1 = (x.float() @ fc1_expert_weights[local].float().T) * fc1_dequant[local]
+            acc1 = ((x.float() @ fc1_expert_weights[local].float().T) * fc1_dequant[local]).to(backbone).float()
             h = torch.nn.functional.silu(acc1[:, inter:]) * acc1[:, :inter]
             h_codes = (h * fc2_quant_per_expert[local]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
             y = (h_codes.float() @ fc2_expert_weights[local].float().T) * fc2_dequant[local]
         else:
-            acc1 = x.float() @ fc1_expert_weights[local].float().T
-            h = (torch.nn.functional.silu(acc1[:, inter:]) * acc1[:, :inter]).to(input.dtype)
+            acc1 = (x.float() @ fc1_expert_weights[local].float().T).to(backbone).float()
+            h = (torch.nn.functional.silu(acc1[:, inter:]) * acc1[:, :inter]).to(backbone)
             y = h.float() @ fc2_expert_weights[local].float().T
         result.index_add_(0, rows, y * weights[rows, slots].unsqueeze(-1))
     out = result.to(output_dtype)

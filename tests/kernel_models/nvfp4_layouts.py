@@ -15,13 +15,11 @@ could not catch its mistakes.
   ``[rows, blocks]`` matrix, rows padded to 128 and blocks to 4, sits at
   ``(m // 128) * (blocks4 * 128) + (k // 4) * 512 + (m % 32) * 16 + ((m % 128) // 32) * 4 + k % 4``.
 - Quantizing a block of 16 with quantize-side global scale ``g``
-  (``quantization.cuh`` ``cvt_warp_fp16_to_fp4``): ``sf = e4m3(g * (amax / 6))``,
-  codes ``round(x / (sf / g))`` (0 where ``sf`` is 0). The kernels multiply by
-  approximate reciprocals instead, so where a value lies within an ulp of a
-  midpoint (between two codes, or two E4M3 scales: exact ties are common with
-  bf16 input and round global scales) they may round the other way; the model
-  rounds in the order moe_core's reference does, so that the adapter tests
-  compare layouts and scales, not that last ulp.
+  (``quantization_utils.cuh`` ``cvt_warp_fp16_to_fp4``): ``sf = e4m3(g * (amax * (1 / 6)))``,
+  codes ``round(x * (1 / (sf * (1 / g))))`` (0 where ``sf`` is 0), the kernel's
+  operation order. Its reciprocals are approximate (``rcp.approx.ftz``); the
+  model's are correctly rounded, so a value within an ulp of a midpoint may
+  still round the other way on the device.
 """
 
 from __future__ import annotations
@@ -60,10 +58,11 @@ def quantize_blocks(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.
     """``x [..., n]`` -> (E2M1 values float32 ``[..., n]``, E4M3 scales ``[..., n / 16]``) with scalar ``global_scale``."""
     blocks = x.float().reshape(*x.shape[:-1], -1, 16)
     amax = blocks.abs().amax(-1)
-    scales = (global_scale * (amax / 6.0)).clamp(max=448.0).to(torch.float8_e4m3fn)
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    scales = (global_scale * (amax * (one / 6.0))).clamp(max=448.0).to(torch.float8_e4m3fn)
     as_float = scales.float()
-    step = (as_float / global_scale).unsqueeze(-1)
-    values = torch.where(step == 0, 0.0, round_e2m1((blocks / step).clamp(-6.0, 6.0)))
+    inverse = torch.where(as_float == 0, 0.0, one / (as_float * (one / global_scale))).unsqueeze(-1)
+    values = round_e2m1((blocks * inverse).clamp(-6.0, 6.0))
     return values.flatten(-2), scales
 
 

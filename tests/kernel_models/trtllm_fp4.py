@@ -31,6 +31,12 @@ what the kernel computes, in float32. Rules, each from FlashInfer's source:
 - Routing inside the kernel (``RoutingMethodType``): ``Default`` is softmax then
   top-k, ``Renormalize`` top-k then softmax; the weights come out in bf16
   (the ``trtllm_fp4_block_scale_moe`` docstring, Returns).
+- ``routed_scaling_factor``: the kernel scales the routing weights by it only in
+  its DeepSeekV3 and MiniMax2 routing (``csrc/fused_moe/trtllm_backend/
+  trtllm_fused_moe_routing_runner.cu``: ``mRouteScale`` is set in those branches
+  alone); for Default and Renormalize, and for precomputed top-k, it is accepted
+  and ignored. The model does the same, and raises ``NotImplementedError`` for
+  a factor with any other routing method.
 """
 
 from __future__ import annotations
@@ -251,10 +257,13 @@ def trtllm_fp4_block_scale_routed_moe(
     _unsupported(
         routing_bias=routing_bias, gemm1_bias=gemm1_bias, gemm1_alpha=gemm1_alpha, gemm1_beta=gemm1_beta,
         gemm1_clamp_limit=gemm1_clamp_limit, gemm2_bias=gemm2_bias, n_group=n_group, topk_group=topk_group,
-        routed_scaling_factor=routed_scaling_factor, per_token_scale=per_token_scale, gemm1_lora_delta=gemm1_lora_delta,
+        per_token_scale=per_token_scale, gemm1_lora_delta=gemm1_lora_delta,
         valid_hidden_size=valid_hidden_size, valid_intermediate_size=valid_intermediate_size,
         num_fused_shared_experts=num_fused_shared_experts, workspace_buffer=workspace_buffer, routing_metadata=routing_metadata,
     )
+    covered = (RoutingMethodType.Default.value, RoutingMethodType.Renormalize.value)
+    if routed_scaling_factor not in (None, 1.0) and routing_method_type not in covered:
+        raise NotImplementedError("the model covers routed_scaling_factor where the kernel ignores it (Default, Renormalize)")
     if not do_finalize or activation_type != ActivationType.Swiglu.value:
         raise NotImplementedError("the model covers do_finalize=True with SwiGLU only")
     _check_layout(hidden_states_scale_layout)

@@ -1,7 +1,9 @@
 """The NVFP4 W4A4 format's reference, the way the FP4 kernels compute: each GEMM's input quantized to NVFP4 with its
 scalar global input scale (16-element E4M3 blocks), times the dequantized FP4 weights, the gate and up halves of w13
-each with its own global scale. The gated activation is quantized from its float32 value; a kernel that writes it
-as bf16 first may round a few of its codes the other way."""
+each with its own global scale. Activations are quantized by the kernels' recipe
+(:func:`~moe_core.nvfp4.quantize_activation`: a run-time quantizer's oracle is the kernel, not compressed-tensors).
+The gated activation is quantized from its float32 value; a kernel that writes it as bf16 first (FlashInfer's
+CUTLASS MoE does) may round some of its codes the other way."""
 
 from __future__ import annotations
 
@@ -12,12 +14,12 @@ import torch
 
 from moe_core.formats.nvfp4.weights import Nvfp4MoeWeights
 from moe_core.global_scales import QuantizeGlobalScale
-from moe_core.nvfp4 import Nvfp4Tensor
+from moe_core.nvfp4 import quantize_activation
 
 
 def fake_quantize_nvfp4(x: torch.Tensor, global_scale: QuantizeGlobalScale) -> torch.Tensor:
-    """``x`` after an NVFP4 round trip with ``global_scale``, as float32."""
-    return Nvfp4Tensor.quantize(x, global_scale).dequantize()
+    """``x`` after the FP4 kernels' NVFP4 round trip with ``global_scale``, as float32."""
+    return quantize_activation(x, global_scale).dequantize()
 
 
 @final

@@ -1,0 +1,79 @@
+"""``moe-core check`` varies every config field a backend may claim: a backend that ignores one fails."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from importlib.metadata import EntryPoint, entry_points
+
+import pytest
+
+from moe_core import Activation, MoeRunnerConfig, RoutingMethod, registry
+from moe_core.check import VARIANT_SCALING_FACTOR, config_variants
+from moe_core.cli import main
+from moe_core.registry import ENTRY_POINT_GROUP
+from tests.test_cli import SMALL, table_lines, table_rows
+
+
+@pytest.fixture
+def ignoring_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The plugins of ``tests/plugins/ignores_config.py`` beside the real entry points, gone after the test."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_DISCOVERY", {})
+    extra = [EntryPoint("ignores", "tests.plugins.ignores_config", ENTRY_POINT_GROUP)]
+    real = list(entry_points(group=ENTRY_POINT_GROUP))
+    monkeypatch.setattr(registry, "entry_points", lambda group: [*extra, *real])
+    yield
+    sys.modules.pop("tests.plugins.ignores_config", None)
+
+
+def test_variants_cover_every_member_a_scaling_factor_and_expert_parallelism() -> None:
+    config = MoeRunnerConfig(num_experts=8, hidden_size=64, intermediate_size_per_partition=64, top_k=2)
+    variants = dict(config_variants(config))
+    activations = [variant.activation for variant in variants.values() if variant.activation is not config.activation]
+    assert set(activations) == set(Activation) - {config.activation}
+    routings = [variant.routing_method for variant in variants.values() if variant.routing_method is not config.routing_method]
+    assert set(routings) == set(RoutingMethod) - {config.routing_method}
+    assert variants[f"routed_scaling_factor={VARIANT_SCALING_FACTOR:g}"].routed_scaling_factor == VARIANT_SCALING_FACTOR
+    parallel = variants["local_experts=4-7/8"]
+    assert (parallel.num_local_experts, parallel.local_expert_offset) == (4, 4)
+    for variant in variants.values():  # one field at a time
+        changed = [name for name in ("activation", "routing_method", "routed_scaling_factor", "num_local_experts")
+                   if getattr(variant, name) != getattr(config, name)]
+        assert len(changed) == 1
+
+
+def test_a_layer_already_split_across_ranks_is_not_split_again() -> None:
+    config = MoeRunnerConfig(num_experts=8, hidden_size=64, intermediate_size_per_partition=64, top_k=2,
+                             num_local_experts=4, local_expert_offset=4)
+    assert not [name for name, _ in config_variants(config) if name.startswith("local_experts")]
+
+
+@pytest.mark.usefixtures("ignoring_plugins")
+def test_a_backend_that_ignores_the_activation_or_the_scaling_factor_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", *SMALL]) == 1
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert rows["dense ignores-activation"][-1] == "ok", "on the default config it computes the right thing"
+    assert rows["dense ignores-scaling-factor"][-1] == "ok"
+    for activation in set(Activation) - {Activation.SILU_GATED}:
+        verdict = rows[f"dense[activation={activation.value}] ignores-activation"][-1]
+        assert verdict.startswith("FAILED"), (activation, verdict)  # a wrong value, or a non-gated layer's w13 refused
+        assert rows[f"dense[activation={activation.value}] ignores-scaling-factor"][-1] == "ok"
+    scaled = f"dense[routed_scaling_factor={VARIANT_SCALING_FACTOR:g}]"
+    assert rows[f"{scaled} ignores-scaling-factor"][-1].startswith("FAILED: error above")
+    assert rows[f"{scaled} ignores-activation"][-1] == "ok"
+    failed = {" ".join(cells[:2]) for cells in table_lines(out) if cells[-1].startswith("FAILED")}
+    assert all("ignores-" in key for key in failed), failed
+
+
+def test_the_default_check_passes_its_variants(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every oracle, and every backend that runs here (Triton under its interpreter), honours every variant it takes."""
+    assert main(["check", *SMALL]) == 0
+    lines = table_lines(capsys.readouterr().out)
+    variant_rows = [cells for cells in lines if "[" in cells[0]]
+    assert {cells[0].split("[")[0] for cells in variant_rows} >= {"dense", "nvfp4", "nvfp4-w4a16", "fp8", "fp8-channel"}
+    oracle_rows = [cells for cells in variant_rows if cells[1].startswith("reference-") and cells[-1] == "ok"]
+    assert len(oracle_rows) >= 5 * 5
+    triton = [cells for cells in variant_rows if cells[1].startswith("triton-") and cells[-1] == "ok"]
+    assert triton, "Triton's interpreter runs the variants it takes"
