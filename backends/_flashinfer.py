@@ -26,6 +26,7 @@ import torch
 from moe_core.capability import DeviceSpec, LayerSpec, Support
 from moe_core.config import Activation
 from moe_core._checks import require_dtype, require_ndim, require_positive, require_tensor
+from moe_core.global_scales import _TensorScale
 
 DISTRIBUTION = "flashinfer-python"
 """The package the ``flashinfer`` extra installs."""
@@ -93,11 +94,16 @@ def device_reasons(device: DeviceSpec, capabilities: Collection[tuple[int, int]]
 
 
 def swiglu_only(layer: LayerSpec) -> list[str]:
-    """Why a FlashInfer MoE kernel cannot compute ``layer``: they are built for gated SiLU (SwiGLU) here."""
-    activation = layer.config.activation
-    if activation is not Activation.SILU_GATED:
-        return [f"the adapter passes SwiGLU only, not {activation.value}"]
-    return []
+    """Why a FlashInfer MoE kernel cannot compute ``layer``: they are built here for gated SiLU (SwiGLU) experts
+    without biases, the top-k weights scaling each expert's output."""
+    config, reasons = layer.config, []
+    if config.activation is not Activation.SILU_GATED:
+        reasons.append(f"the adapter passes SwiGLU only, not {config.activation.value}")
+    if config.routing_method.scales_input:
+        reasons.append(f"the kernels weight each expert's output, not its input ({config.routing_method.value} routing)")
+    if config.expert_biases:
+        reasons.append("the adapter passes no per-expert biases")
+    return reasons
 
 
 def row_alignment_reasons(layer: LayerSpec) -> list[str]:
@@ -144,23 +150,22 @@ def require_parameters(function: Callable[..., object], qualname: str, needed: I
 
 
 @attrs.frozen(eq=False)
-class ExpertKernelScalars:
+class ExpertKernelScalars(_TensorScale):
     """Base of the per-expert float32 ``[local_num_experts]`` scalars FlashInfer's kernels multiply by.
 
     Each kernel argument of this kind is its own subclass with named
     constructors from typed global scales, so neither a raw tensor nor one
-    scalar in place of another can be handed to a quant info.
+    scalar in place of another can be handed to a quant info (``__init__``
+    takes nothing: see :class:`~moe_core.global_scales._TensorScale`).
     """
 
-    value: torch.Tensor = attrs.field(alias="_value", kw_only=True)
-    """float32 ``[local_num_experts]``, finite and > 0 (read it; never write to it)."""
-
-    def __attrs_post_init__(self) -> None:
-        name = f"{type(self).__name__}.value"
-        require_tensor(name, self.value)
-        require_dtype(name, self.value, (torch.float32,))
-        require_ndim(name, self.value, 1, "[local_num_experts]")
-        require_positive(name, self.value)
+    @classmethod
+    def _check(cls, value: torch.Tensor) -> None:
+        name = f"{cls.__name__}.value"
+        require_tensor(name, value)
+        require_dtype(name, value, (torch.float32,))
+        require_ndim(name, value, 1, "[local_num_experts]")
+        require_positive(name, value)
 
     @property
     def num_experts(self) -> int:

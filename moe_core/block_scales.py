@@ -5,9 +5,13 @@ the Blackwell block-scaled GEMMs (CUTLASS, TRT-LLM-gen) read them in the 128x4
 tiled layout (:class:`SwizzledBlockScales`). A kernel's quant info names the one
 it needs, so passing linear scales to a kernel that reads swizzled ones is a
 type error rather than a garbage result. Neither class has a public
-constructor from a raw tensor: checkpoint scales enter through
-:meth:`LinearBlockScales.from_checkpoint`, swizzled ones only come from
-:meth:`LinearBlockScales.swizzle`.
+constructor from a raw tensor (their ``__init__`` takes nothing, so no
+positional, keyword, private-alias or ``attrs.evolve`` spelling reaches a
+field): checkpoint scales enter through :meth:`LinearBlockScales.from_checkpoint`,
+swizzled ones only come from :meth:`LinearBlockScales.swizzle`. Nor do swizzled
+bytes leave as a public tensor, which at real model sizes (rows a multiple of
+128, blocks of 4) has the very shape of the linear scales and would pass for
+them: the FlashInfer adapters, inside the package, read the private ``_tiles``.
 
 The 128x4 layout: the scale matrix ``[rows, blocks]`` is padded with zeros to
 ``[ceil(rows/128)*128, ceil(blocks/4)*4]`` and cut into 128x4 tiles stored tile
@@ -48,20 +52,33 @@ def _check_scale_values(name: str, data: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected scales >= 0, found negative ones")
 
 
+def _no_public_constructor(name: str, factories: str) -> TypeError:
+    return TypeError(f"{name}() takes no arguments: its tensor enters only through {factories}, which check it")
+
+
 @final
 @attrs.frozen(eq=False)
 class LinearBlockScales:
     """Row-major E4M3 scales ``[..., rows, cols / 16]``, one per 16 elements of a row."""
 
-    data: torch.Tensor = attrs.field(alias="_data", kw_only=True)
+    data: torch.Tensor = attrs.field(init=False)
+    """E4M3 ``[..., rows, cols / 16]`` (read it; never write to it)."""
 
     def __attrs_post_init__(self) -> None:
-        _check_scale_values("LinearBlockScales.data", self.data)
+        raise _no_public_constructor("LinearBlockScales", "LinearBlockScales.from_checkpoint")
+
+    @classmethod
+    def _of(cls, data: torch.Tensor) -> LinearBlockScales:
+        """The one way in: ``data`` checked, bypassing the argument-less ``__init__``."""
+        _check_scale_values("LinearBlockScales.data", data)
+        scales = object.__new__(cls)
+        object.__setattr__(scales, "data", data)
+        return scales
 
     @classmethod
     def from_checkpoint(cls, data: torch.Tensor) -> LinearBlockScales:
         """Scales as checkpoints store them: row-major E4M3 ``[..., rows, cols / 16]``."""
-        return cls(_data=data)
+        return cls._of(data)
 
     @property
     def rows(self) -> int:
@@ -70,7 +87,7 @@ class LinearBlockScales:
 
     def to(self, device: torch.device | str) -> LinearBlockScales:
         """The same scales on ``device``."""
-        return LinearBlockScales(_data=self.data.to(device))
+        return LinearBlockScales._of(self.data.to(device))
 
     @property
     def blocks(self) -> int:
@@ -92,9 +109,7 @@ class LinearBlockScales:
         nb = len(batch)
         order = (*range(nb), nb, nb + 3, nb + 2, nb + 1, nb + 4)
         swizzled = tiles.permute(order).reshape(*batch, padded_rows, padded_blocks)
-        return SwizzledBlockScales(
-            _data=swizzled.contiguous().view(torch.float8_e4m3fn), _rows=rows, _blocks=blocks
-        )
+        return SwizzledBlockScales._of(swizzled.contiguous().view(torch.float8_e4m3fn), rows=rows, blocks=blocks)
 
 
 @final
@@ -106,33 +121,56 @@ class SwizzledBlockScales:
     padded extent; ``rows`` and ``blocks`` keep the logical scale matrix size.
     """
 
-    data: torch.Tensor = attrs.field(alias="_data", kw_only=True)
-    rows: int = attrs.field(alias="_rows", kw_only=True)
+    _tiles: torch.Tensor = attrs.field(init=False, repr=False)
+    """E4M3 ``[..., padded_rows, padded_blocks]`` in tile order: package-internal (the FlashInfer adapters pass it to
+    the kernels); never public, so swizzled bytes cannot be handed to :meth:`LinearBlockScales.from_checkpoint`."""
+    rows: int = attrs.field(init=False)
     """Rows of the logical scale matrix."""
-    blocks: int = attrs.field(alias="_blocks", kw_only=True)
+    blocks: int = attrs.field(init=False)
     """Scale columns of the logical scale matrix."""
 
     def __attrs_post_init__(self) -> None:
-        require_int("SwizzledBlockScales.rows", self.rows, minimum=1)
-        require_int("SwizzledBlockScales.blocks", self.blocks, minimum=1)
-        _check_scale_values("SwizzledBlockScales.data", self.data)
-        *_, padded_rows, padded_blocks = self.data.shape
-        if padded_rows != _round_up(self.rows, SWIZZLE_ROWS) or padded_blocks != _round_up(
-            self.blocks, SWIZZLE_BLOCKS
-        ):
+        raise _no_public_constructor("SwizzledBlockScales", "LinearBlockScales.swizzle")
+
+    @classmethod
+    def _of(cls, tiles: torch.Tensor, *, rows: int, blocks: int) -> SwizzledBlockScales:
+        """The one way in: ``tiles`` checked against the logical size, bypassing the argument-less ``__init__``."""
+        require_int("SwizzledBlockScales.rows", rows, minimum=1)
+        require_int("SwizzledBlockScales.blocks", blocks, minimum=1)
+        _check_scale_values("SwizzledBlockScales.tiles", tiles)
+        *_, padded_rows, padded_blocks = tiles.shape
+        if padded_rows != _round_up(rows, SWIZZLE_ROWS) or padded_blocks != _round_up(blocks, SWIZZLE_BLOCKS):
             raise ValueError(
-                f"SwizzledBlockScales.data: expected last dims "
-                f"({_round_up(self.rows, SWIZZLE_ROWS)}, {_round_up(self.blocks, SWIZZLE_BLOCKS)}) "
-                f"for rows={self.rows}, blocks={self.blocks}, got ({padded_rows}, {padded_blocks})"
+                f"SwizzledBlockScales.tiles: expected last dims "
+                f"({_round_up(rows, SWIZZLE_ROWS)}, {_round_up(blocks, SWIZZLE_BLOCKS)}) "
+                f"for rows={rows}, blocks={blocks}, got ({padded_rows}, {padded_blocks})"
             )
+        scales = object.__new__(cls)
+        for name, value in (("_tiles", tiles), ("rows", rows), ("blocks", blocks)):
+            object.__setattr__(scales, name, value)
+        return scales
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The padded extent ``(..., padded_rows, padded_blocks)``: the logical one at 128-row, 4-block multiples."""
+        return tuple(int(d) for d in self._tiles.shape)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the scales live."""
+        return self._tiles.device
+
+    def to(self, device: torch.device | str) -> SwizzledBlockScales:
+        """The same scales on ``device``."""
+        return SwizzledBlockScales._of(self._tiles.to(device), rows=self.rows, blocks=self.blocks)
 
     def unswizzle(self) -> LinearBlockScales:
         """The same scales row-major, padding dropped."""
-        *batch, padded_rows, padded_blocks = self.data.shape
-        tiles = self.data.view(torch.uint8).reshape(
+        *batch, padded_rows, padded_blocks = self._tiles.shape
+        tiles = self._tiles.view(torch.uint8).reshape(
             *batch, padded_rows // SWIZZLE_ROWS, padded_blocks // SWIZZLE_BLOCKS, 32, 4, SWIZZLE_BLOCKS
         )
         nb = len(batch)
         order = (*range(nb), nb, nb + 3, nb + 2, nb + 1, nb + 4)
         linear = tiles.permute(order).reshape(*batch, padded_rows, padded_blocks)
-        return LinearBlockScales(_data=linear[..., : self.rows, : self.blocks].contiguous().view(torch.float8_e4m3fn))
+        return LinearBlockScales._of(linear[..., : self.rows, : self.blocks].contiguous().view(torch.float8_e4m3fn))

@@ -19,7 +19,14 @@ from typing import ClassVar, Protocol, final
 import attrs
 import torch
 
-from moe_core._checks import require_dtype, require_ndim, require_positive, require_same_device, require_tensor
+from moe_core._checks import (
+    require_dtype,
+    require_ndim,
+    require_positive,
+    require_same_device,
+    require_tensor,
+    values_readable,
+)
 from moe_core.global_scales import (
     E4M3_MAX,
     ExpertScalePolicy,
@@ -28,13 +35,18 @@ from moe_core.global_scales import (
     _expert_amax,
     _ExpertScales,
     _float_tensor,
-    _owned_copy,
     _scalar_amax,
     _ScalarScale,
+    _TensorScale,
 )
 
 FP8_BLOCK = 128
 """The side of a block-scaled checkpoint's weight blocks, and the length of an activation row's groups."""
+
+PER_CHANNEL_EVIDENCE_ROWS = 16
+"""Rows from which codes with a +-448 in every row are taken for per-channel ones (:func:`_refuse_per_channel_codes`)."""
+_E4M3_MAX_BITS = 0x7E
+"""448's E4M3 bits without the sign."""
 
 MIN_DYNAMIC_SCALE = 1.0 / (E4M3_MAX * 512.0)
 """The floor of a per-token scale, so an all-zero row quantizes to zeros instead of dividing by zero (vLLM's)."""
@@ -61,13 +73,13 @@ class Fp8TensorScale(_ScalarScale):
     @classmethod
     def from_amax(cls, amax: float | torch.Tensor) -> Fp8TensorScale:
         """The scale that maps ``amax`` (one value > 0) onto 448."""
-        return cls(_value=_amax_scale(_scalar_amax(amax)))
+        return cls._of(_amax_scale(_scalar_amax(amax)))
 
     @classmethod
     def from_checkpoint(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> Fp8TensorScale:
         """The scalar from checkpoint values of any shape; several become one under ``policy`` (conservative: the largest)."""
         values = _checkpoint_values(cls.__name__, tensor)
-        return cls(_value=_collapse(cls.__name__, values, policy, values.max()))
+        return cls._of(_collapse(cls.__name__, values, policy, values.max()))
 
 
 @final
@@ -78,25 +90,24 @@ class ExpertFp8Scales(_ExpertScales):
     @classmethod
     def from_amax(cls, amax: torch.Tensor) -> ExpertFp8Scales:
         """One scale per expert from per-expert amax values ``[E]``."""
-        return cls(_value=_amax_scale(_expert_amax(amax)))
+        return cls._of(_amax_scale(_expert_amax(amax)))
 
 
 @attrs.frozen(eq=False)
-class _ScaleGrid:
+class _ScaleGrid(_TensorScale):
     """Dequantize-side FP8 scales laid out as :attr:`LAYOUT` (one dimension per name), float32, finite and > 0."""
 
     LAYOUT: ClassVar[str]
-    value: torch.Tensor = attrs.field(alias="_value", kw_only=True, converter=_owned_copy)
-    """float32 in :attr:`LAYOUT`, finite and > 0 (read it; never write to it)."""
 
-    def __attrs_post_init__(self) -> None:
-        name = f"{type(self).__name__}.value"
-        require_tensor(name, self.value)
-        require_dtype(name, self.value, (torch.float32,))
-        require_ndim(name, self.value, self.LAYOUT.count(",") + 1, self.LAYOUT)
-        if self.value.numel() == 0:
-            raise ValueError(f"{name}: expected at least one scale, got shape {tuple(self.value.shape)}")
-        require_positive(name, self.value)
+    @classmethod
+    def _check(cls, value: torch.Tensor) -> None:
+        name = f"{cls.__name__}.value"
+        require_tensor(name, value)
+        require_dtype(name, value, (torch.float32,))
+        require_ndim(name, value, cls.LAYOUT.count(",") + 1, cls.LAYOUT)
+        if value.numel() == 0:
+            raise ValueError(f"{name}: expected at least one scale, got shape {tuple(value.shape)}")
+        require_positive(name, value)
 
     @property
     def num_experts(self) -> int:
@@ -122,7 +133,7 @@ class Fp8ChannelScales(_ScaleGrid):
         tensor = _float_tensor("amax", amax)
         require_ndim("amax", tensor, 2, "[num_experts, rows]")
         require_positive("amax", tensor)
-        return cls(_value=_amax_scale(tensor))
+        return cls._of(_amax_scale(tensor))
 
     @classmethod
     def from_checkpoint(cls, tensor: torch.Tensor) -> Fp8ChannelScales:
@@ -130,14 +141,20 @@ class Fp8ChannelScales(_ScaleGrid):
         require_tensor(f"{cls.__name__}.from_checkpoint", tensor)
         if tensor.dim() == 3 and tensor.shape[2] == 1:
             tensor = tensor[:, :, 0]
-        return cls(_value=tensor)
+        return cls._of(tensor)
 
     @classmethod
     def from_expert(cls, scales: ExpertFp8Scales, rows: int) -> Fp8ChannelScales:
         """Per-tensor scales as per-channel ones: every row of an expert takes its matrix's scale (exact)."""
         if not isinstance(scales, ExpertFp8Scales):
             raise TypeError(f"scales: expected ExpertFp8Scales, got {type(scales).__name__}")
-        return cls(_value=scales.value[:, None].expand(scales.num_experts, rows).contiguous())
+        return cls._of(scales.value[:, None].expand(scales.num_experts, rows).contiguous())
+
+    @classmethod
+    def from_halves(cls, gate: ExpertFp8Scales, up: ExpertFp8Scales, rows: int) -> Fp8ChannelScales:
+        """The per-tensor scales of w1 and w3 as per-channel ones of the fused ``w13 [E, 2 * rows, H]`` (gate rows
+        first), each half's rows taking its own matrix's scale (exact)."""
+        return cls._of(torch.cat((cls.from_expert(gate, rows).value, cls.from_expert(up, rows).value), dim=1))
 
 
 @final
@@ -156,7 +173,7 @@ class Fp8BlockScales(_ScaleGrid):
     def from_checkpoint(cls, tensor: torch.Tensor) -> Fp8BlockScales:
         """Stacked ``weight_scale_inv`` tensors, ``[E, rows / 128, cols / 128]`` float32."""
         require_tensor(f"{cls.__name__}.from_checkpoint", tensor)
-        return cls(_value=tensor)
+        return cls._of(tensor)
 
 
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -246,6 +263,30 @@ class _Fp8Stack:
         return (self.codes[expert].to(torch.float32) * scales).to(dtype)
 
 
+def _refuse_per_channel_codes(name: str, codes: torch.Tensor) -> None:
+    """Refuse codes quantized per channel under per-tensor scales (per-channel scales collapsed, codes kept).
+
+    Per channel, each row's largest magnitude is its own amax over its own
+    ``amax / 448`` scale: every row holds a +-448 code. Per tensor only the
+    rows near the matrix's amax do (within one E4M3 step, 1/28 of it), so a
+    real matrix with every row there in every expert is not per-tensor data;
+    its rows would dequantize up to each row's scale ratio too large. Checked
+    from :data:`PER_CHANNEL_EVIDENCE_ROWS` rows (fewer prove nothing), where
+    the values can be read.
+    """
+    experts, rows, _ = codes.shape
+    if rows < PER_CHANNEL_EVIDENCE_ROWS or not values_readable(codes):
+        return
+    for expert in range(experts):
+        if not bool(((codes[expert].view(torch.uint8) & 0x7F) == _E4M3_MAX_BITS).any(dim=1).all()):
+            return
+    raise ValueError(
+        f"{name}: expected per-tensor codes, got every row of all {experts} experts at +-448 ({rows} rows each): "
+        "codes quantized per channel; keep them with their Fp8ChannelScales (Fp8ChannelExpertWeights), or "
+        "requantize them per tensor (Fp8ExpertWeights.quantize of their dequantized values)"
+    )
+
+
 @final
 @attrs.frozen(eq=False)
 class Fp8ExpertWeights(_Fp8Stack):
@@ -262,6 +303,7 @@ class Fp8ExpertWeights(_Fp8Stack):
         if self.scales.num_experts != self.codes.shape[0]:
             raise ValueError(f"Fp8ExpertWeights.scales: expected {self.codes.shape[0]} experts, got {self.scales.num_experts}")
         require_same_device([("codes", self.codes), ("scales", self.scales.value)])
+        _refuse_per_channel_codes("Fp8ExpertWeights.codes", self.codes)
 
     @staticmethod
     def _grid(values: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -401,5 +443,5 @@ class Fp8BlockExpertWeights(_Fp8Stack):
         padded = torch.zeros(experts, row_blocks * FP8_BLOCK, col_blocks * FP8_BLOCK, dtype=torch.float32, device=w.device)
         padded[:, :rows, :cols] = w.detach().abs()
         amax = padded.reshape(experts, row_blocks, FP8_BLOCK, col_blocks, FP8_BLOCK).amax(dim=(2, 4))
-        scales = Fp8BlockScales(_value=_amax_scale(torch.where(amax > 0, amax, torch.ones_like(amax))))
+        scales = Fp8BlockScales._of(_amax_scale(torch.where(amax > 0, amax, torch.ones_like(amax))))
         return cls(quantize_fp8(w, cls._grid(scales.value, rows, cols)), scales)

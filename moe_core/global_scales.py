@@ -10,10 +10,11 @@ layer's output by the square of the scale:
   (ModelOpt's ``weight_scale_2`` and ``input_scale``).
 
 The class names the convention, and there is no public constructor from a
-raw tensor: checkpoint tensors enter through ``from_checkpoint`` of the class
-whose convention they follow, and a scalar (shape ``[1]``, what a kernel
-takes) is made from several values only under a named
-:class:`ExpertScalePolicy`. Each scale owns a private copy of its small
+raw tensor (:class:`_TensorScale`): checkpoint tensors enter through
+``from_checkpoint`` of the class whose convention they follow, which refuses
+values on the other convention's side of 1 (:func:`_require_convention`),
+and a scalar (shape ``[1]``, what a kernel takes) is made from several
+values only under a named :class:`ExpertScalePolicy`. Each scale owns a private copy of its small
 tensor, so writing to the checkpoint tensor later cannot change it.
 
 Per-expert values are refused where one is NaN, infinite, zero or negative,
@@ -25,6 +26,7 @@ expert given (under expert parallelism, this rank's first).
 
 from __future__ import annotations
 
+import abc
 import enum
 import math
 from typing import final
@@ -147,6 +149,42 @@ def _checkpoint_values(cls_name: str, tensor: torch.Tensor) -> torch.Tensor:
     return _per_expert(tensor)
 
 
+_SIDES = {
+    True: "quantize-side, 448 * 6 / amax, as compressed-tensors stores weight_global_scale and input_global_scale",
+    False: "dequantize-side, amax / (448 * 6), as ModelOpt stores weight_scale_2 and input_scale",
+}
+
+
+def _require_convention(name: str, tensor: torch.Tensor, *, quantize_side: bool) -> None:
+    """Refuse checkpoint NVFP4 global scales on the other convention's side of 1, naming the first such expert.
+
+    A tensor's convention is whatever class reads it, and read as the other
+    one it runs with the square of its scale off (ModelOpt's ``weight_scale_2``
+    read as quantize-side gives an all-zero layer). Real files keep the two
+    far apart on either side of 1: compressed-tensors' ``weight_global_scale``
+    2e4-4e7 and ``input_global_scale`` 632-7e9; ModelOpt's ``weight_scale_2``
+    about 3e-5 and ``input_scale`` 1e-4-2e-3. 1 itself reads the same both
+    ways (compressed-tensors writes it for an expert calibration never
+    reached), and passes; so do NaN, infinite and non-positive values, for
+    the checks that name them.
+    """
+    require_tensor(name, tensor)
+    if not values_readable(tensor) or not tensor.numel():
+        return
+    experts = _per_expert(tensor)
+    valid = torch.isfinite(experts) & (experts > 0)
+    wrong = torch.nonzero(valid & (experts < 1 if quantize_side else experts > 1))
+    if wrong.shape[0]:
+        expert, shard = (int(i) for i in wrong[0])
+        bound, other = (">= 1", "Dequantize") if quantize_side else ("<= 1", "Quantize")
+        raise ValueError(
+            f"{name}: expected {_SIDES[quantize_side]} ({bound} in real checkpoints), got "
+            f"{float(experts[expert, shard]):.4g} at {_position(experts, expert, shard)}, a value of the other side "
+            f"({_SIDES[not quantize_side]}): read it with {other}GlobalScale or Expert{other}GlobalScales."
+            "from_checkpoint and convert it explicitly"
+        )
+
+
 def _refuse_layer_zeroing_outlier(name: str, experts: torch.Tensor, *, quantize_side: bool) -> None:
     """Refuse a conservative scalar, set by one expert, under which no other expert's calibrated input survives.
 
@@ -210,17 +248,60 @@ def _collapse_global_scales(
     return _collapse(name, experts, policy, experts.amin() if quantize_side else experts.amax())
 
 
+def _named_constructors(cls: type) -> str:
+    """The public classmethods of ``cls``: the named constructors its ``TypeError`` points to."""
+    names = {name for klass in cls.__mro__ for name, a in vars(klass).items() if isinstance(a, classmethod)}
+    return ", ".join(sorted(name for name in names if not name.startswith("_")))
+
+
 @attrs.frozen(eq=False)
-class _ScalarScale:
-    value: torch.Tensor = attrs.field(alias="_value", kw_only=True, converter=_owned_copy)
-    """float32 tensor of shape ``[1]``, finite and > 0 (read it; never write to it)."""
+class _TensorScale:
+    """A scale type's one tensor, which no ``__init__`` argument reaches.
+
+    ``__init__`` takes nothing, so no positional, keyword, private-alias
+    (``_value=``) or ``attrs.evolve`` spelling hands a raw tensor to a scale:
+    mypy's attrs plugin rejects each, and at run time they raise
+    ``TypeError``. The named classmethods (``from_checkpoint``,
+    ``from_amax``, ...) say which convention a tensor follows and build
+    through :meth:`_of`, which copies and checks it. Equal only to itself.
+    """
+
+    value: torch.Tensor = attrs.field(init=False)
+    """float32, finite and > 0, in the subclass's shape (read it; never write to it)."""
 
     def __attrs_post_init__(self) -> None:
-        _check_values(type(self).__name__, self.value, scalar=True)
+        cls = type(self)
+        raise TypeError(
+            f"{cls.__name__}() takes no arguments: its tensor enters only through its named constructors "
+            f"({_named_constructors(cls)}), which check it"
+        )
+
+    @classmethod
+    @abc.abstractmethod
+    def _check(cls, value: torch.Tensor) -> None:
+        """Raise naming the class unless ``value`` fits it."""
+
+    @classmethod
+    def _of(cls, value: torch.Tensor) -> Self:
+        """The one way in: a private copy of ``value``, checked, bypassing the argument-less ``__init__``."""
+        owned = _owned_copy(value)
+        cls._check(owned)
+        scale = object.__new__(cls)
+        object.__setattr__(scale, "value", owned)
+        return scale
+
+
+@attrs.frozen(eq=False)
+class _ScalarScale(_TensorScale):
+    """A float32 ``[1]`` scale."""
+
+    @classmethod
+    def _check(cls, value: torch.Tensor) -> None:
+        _check_values(cls.__name__, value, scalar=True)
 
     def to(self, device: torch.device | str) -> Self:
         """The same scale with its tensor on ``device``."""
-        return type(self)(_value=self.value.to(device))
+        return self._of(self.value.to(device))
 
     def item(self) -> float:
         """The scale as a Python float (synchronizes with the device)."""
@@ -228,12 +309,12 @@ class _ScalarScale:
 
 
 @attrs.frozen(eq=False)
-class _ExpertScales:
-    value: torch.Tensor = attrs.field(alias="_value", kw_only=True, converter=_owned_copy)
-    """float32 tensor of shape ``[num_experts]``, finite and > 0 (read it; never write to it)."""
+class _ExpertScales(_TensorScale):
+    """A float32 ``[num_experts]`` scale, one per expert."""
 
-    def __attrs_post_init__(self) -> None:
-        _check_values(type(self).__name__, self.value, scalar=False)
+    @classmethod
+    def _check(cls, value: torch.Tensor) -> None:
+        _check_values(cls.__name__, value, scalar=False)
 
     @property
     def num_experts(self) -> int:
@@ -242,19 +323,19 @@ class _ExpertScales:
 
     def to(self, device: torch.device | str) -> Self:
         """The same scales with their tensor on ``device``."""
-        return type(self)(_value=self.value.to(device))
+        return self._of(self.value.to(device))
 
     def experts(self, start: int, stop: int) -> Self:
         """The scales of experts ``[start, stop)`` (this rank's, under expert parallelism)."""
         if isinstance(start, bool) or isinstance(stop, bool) or not (0 <= start < stop <= self.num_experts):
             raise ValueError(f"experts: expected 0 <= start < stop <= {self.num_experts}, got [{start}, {stop})")
-        return type(self)(_value=self.value[start:stop])
+        return self._of(self.value[start:stop])
 
     @classmethod
     def from_checkpoint(cls, tensor: torch.Tensor) -> Self:
         """Per-expert scales as a checkpoint stores them in this class's convention, ``[E]`` float32."""
         require_tensor(f"{cls.__name__}.from_checkpoint", tensor)
-        return cls(_value=tensor)
+        return cls._of(tensor)
 
 
 @final
@@ -265,7 +346,7 @@ class QuantizeGlobalScale(_ScalarScale):
     @classmethod
     def from_amax(cls, amax: float | torch.Tensor) -> QuantizeGlobalScale:
         """The scale that maps ``amax`` (one value > 0) onto the top of the NVFP4 range."""
-        return cls(_value=NVFP4_RANGE / _scalar_amax(amax))
+        return cls._of(NVFP4_RANGE / _scalar_amax(amax))
 
     @classmethod
     def from_checkpoint(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
@@ -278,22 +359,23 @@ class QuantizeGlobalScale(_ScalarScale):
         other expert's inputs; each error names the expert (dim 0) and shard.
         """
         values = _checkpoint_values(cls.__name__, tensor)
-        return cls(_value=_collapse_global_scales(cls.__name__, values, policy, quantize_side=True))
+        _require_convention(f"{cls.__name__}.from_checkpoint", values, quantize_side=True)
+        return cls._of(_collapse_global_scales(cls.__name__, values, policy, quantize_side=True))
 
     @classmethod
     def from_dequantize(cls, scale: DequantizeGlobalScale) -> QuantizeGlobalScale:
         """Convert a dequantize-side scale (its reciprocal)."""
         if not isinstance(scale, DequantizeGlobalScale):
             raise TypeError(f"scale: expected a DequantizeGlobalScale, got {type(scale).__name__}")
-        return cls(_value=torch.reciprocal(scale.value))
+        return cls._of(torch.reciprocal(scale.value))
 
     @classmethod
     def from_experts(cls, scales: ExpertQuantizeGlobalScales, *, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
         """Collapse per-expert scales into one scalar under ``policy``."""
         if not isinstance(scales, ExpertQuantizeGlobalScales):
             raise TypeError(f"scales: expected ExpertQuantizeGlobalScales, got {type(scales).__name__}")
-        return cls(
-            _value=_collapse_global_scales(
+        return cls._of(
+            _collapse_global_scales(
                 "ExpertQuantizeGlobalScales", _per_expert(scales.value), policy, quantize_side=True
             )
         )
@@ -307,7 +389,7 @@ class DequantizeGlobalScale(_ScalarScale):
     @classmethod
     def from_amax(cls, amax: float | torch.Tensor) -> DequantizeGlobalScale:
         """The scale that maps the top of the NVFP4 range back to ``amax`` (one value > 0)."""
-        return cls(_value=_scalar_amax(amax) / NVFP4_RANGE)
+        return cls._of(_scalar_amax(amax) / NVFP4_RANGE)
 
     @classmethod
     def from_checkpoint(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> DequantizeGlobalScale:
@@ -318,14 +400,15 @@ class DequantizeGlobalScale(_ScalarScale):
         other expert's inputs.
         """
         values = _checkpoint_values(cls.__name__, tensor)
-        return cls(_value=_collapse_global_scales(cls.__name__, values, policy, quantize_side=False))
+        _require_convention(f"{cls.__name__}.from_checkpoint", values, quantize_side=False)
+        return cls._of(_collapse_global_scales(cls.__name__, values, policy, quantize_side=False))
 
     @classmethod
     def from_quantize(cls, scale: QuantizeGlobalScale) -> DequantizeGlobalScale:
         """Convert a quantize-side scale (its reciprocal)."""
         if not isinstance(scale, QuantizeGlobalScale):
             raise TypeError(f"scale: expected a QuantizeGlobalScale, got {type(scale).__name__}")
-        return cls(_value=torch.reciprocal(scale.value))
+        return cls._of(torch.reciprocal(scale.value))
 
     @classmethod
     def from_experts(
@@ -334,8 +417,8 @@ class DequantizeGlobalScale(_ScalarScale):
         """Collapse per-expert scales into one scalar under ``policy``."""
         if not isinstance(scales, ExpertDequantizeGlobalScales):
             raise TypeError(f"scales: expected ExpertDequantizeGlobalScales, got {type(scales).__name__}")
-        return cls(
-            _value=_collapse_global_scales(
+        return cls._of(
+            _collapse_global_scales(
                 "ExpertDequantizeGlobalScales", _per_expert(scales.value), policy, quantize_side=False
             )
         )
@@ -349,14 +432,21 @@ class ExpertQuantizeGlobalScales(_ExpertScales):
     @classmethod
     def from_amax(cls, amax: torch.Tensor) -> ExpertQuantizeGlobalScales:
         """Per-expert scales from per-expert amax values (``[E]``, each > 0)."""
-        return cls(_value=NVFP4_RANGE / _expert_amax(amax))
+        return cls._of(NVFP4_RANGE / _expert_amax(amax))
+
+    @classmethod
+    def from_checkpoint(cls, tensor: torch.Tensor) -> ExpertQuantizeGlobalScales:
+        """Per-expert quantize-side scales as a checkpoint stores them, ``[E]`` float32; refuses a value below 1
+        (one on the dequantize side, see :func:`_require_convention`)."""
+        _require_convention(f"{cls.__name__}.from_checkpoint", tensor, quantize_side=True)
+        return super().from_checkpoint(tensor)
 
     @classmethod
     def from_dequantize(cls, scales: ExpertDequantizeGlobalScales) -> ExpertQuantizeGlobalScales:
         """Convert dequantize-side per-expert scales (their reciprocals)."""
         if not isinstance(scales, ExpertDequantizeGlobalScales):
             raise TypeError(f"scales: expected ExpertDequantizeGlobalScales, got {type(scales).__name__}")
-        return cls(_value=torch.reciprocal(scales.value))
+        return cls._of(torch.reciprocal(scales.value))
 
 
 @final
@@ -367,11 +457,18 @@ class ExpertDequantizeGlobalScales(_ExpertScales):
     @classmethod
     def from_amax(cls, amax: torch.Tensor) -> ExpertDequantizeGlobalScales:
         """Per-expert scales from per-expert amax values (``[E]``, each > 0)."""
-        return cls(_value=_expert_amax(amax) / NVFP4_RANGE)
+        return cls._of(_expert_amax(amax) / NVFP4_RANGE)
+
+    @classmethod
+    def from_checkpoint(cls, tensor: torch.Tensor) -> ExpertDequantizeGlobalScales:
+        """Per-expert dequantize-side scales as a checkpoint stores them, ``[E]`` float32; refuses a value above 1
+        (one on the quantize side, see :func:`_require_convention`)."""
+        _require_convention(f"{cls.__name__}.from_checkpoint", tensor, quantize_side=False)
+        return super().from_checkpoint(tensor)
 
     @classmethod
     def from_quantize(cls, scales: ExpertQuantizeGlobalScales) -> ExpertDequantizeGlobalScales:
         """Convert quantize-side per-expert scales (their reciprocals)."""
         if not isinstance(scales, ExpertQuantizeGlobalScales):
             raise TypeError(f"scales: expected ExpertQuantizeGlobalScales, got {type(scales).__name__}")
-        return cls(_value=torch.reciprocal(scales.value))
+        return cls._of(torch.reciprocal(scales.value))

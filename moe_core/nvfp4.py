@@ -124,7 +124,7 @@ def _global_scales_of(amax: torch.Tensor, arithmetic: Nvfp4Arithmetic) -> Expert
     if arithmetic is Nvfp4Arithmetic.FLOAT32:
         amax = amax.to(torch.float32)
     scale = NVFP4_RANGE / amax.clamp(min=torch.finfo(amax.dtype).tiny)
-    return ExpertQuantizeGlobalScales.from_checkpoint(torch.nan_to_num(scale, posinf=1.0).to(torch.float32))
+    return ExpertQuantizeGlobalScales._of(torch.nan_to_num(scale, posinf=1.0).to(torch.float32))
 
 
 def _quantize_blocks(
@@ -422,5 +422,30 @@ class Nvfp4GateUpWeights:
         for half, own in ((self.gate, gate_gs), (self.up, up_gs)):
             ratio = (shared / own).reshape(-1, 1, 1)
             halves.append((half.block_scales.data.to(torch.float32) * ratio).to(torch.float8_e4m3fn))
-        fused_scales = ExpertQuantizeGlobalScales.from_checkpoint(shared)
+        fused_scales = ExpertQuantizeGlobalScales._of(shared)
         return Nvfp4ExpertWeights(packed, LinearBlockScales.from_checkpoint(torch.cat(halves, dim=1)), fused_scales)
+
+
+def quantize_activation(x: torch.Tensor, global_scale: QuantizeGlobalScale) -> Nvfp4Tensor:
+    """Quantize a run-time activation ``[rows, cols]`` the way FlashInfer's FP4 kernels do, not compressed-tensors.
+
+    The oracle of an offline weight quantizer is compressed-tensors
+    (:meth:`Nvfp4Tensor.quantize`, ``x / (s / g)``); the oracle of a
+    quantizer that runs inside a kernel is the kernel. FlashInfer's
+    ``cvt_warp_fp16_to_fp4`` (``quantization_utils.cuh``) computes
+    ``s = e4m3(g * (amax * (1 / 6)))`` and ``code = e2m1_rne(x * (1 / (s * (1 / g))))``,
+    and stores scale 0 (every code 0) for a block whose scale rounds to zero.
+    The two round a value within an ulp of an E2M1 midpoint (or a block's
+    ``g * amax / 6`` within an ulp of an E4M3 one) apart. Reciprocals here
+    are correctly rounded; the kernel's approximate ones differ from them by
+    at most an ulp more.
+    """
+    _check_float_input("x", x, 2, "[rows, cols]")
+    scale = global_scale.to(x.device)
+    gs = scale.value.reshape(())
+    blocks = _as_blocks(x.to(torch.float32))
+    sixth = torch.reciprocal(torch.full((), E2M1_MAX, dtype=torch.float32, device=x.device))
+    scales = (gs * (blocks.abs().amax(dim=-1) * sixth)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    inverse = torch.where(scales == 0, 0.0, torch.reciprocal(scales * torch.reciprocal(gs)))
+    codes = encode_e2m1((blocks * inverse.unsqueeze(-1)).clamp(-E2M1_MAX, E2M1_MAX)).flatten(-2)
+    return Nvfp4Tensor(pack_e2m1(codes), LinearBlockScales.from_checkpoint(scales.to(torch.float8_e4m3fn)), scale)

@@ -28,7 +28,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
-from typing import Generic, Protocol, TypeVar, final
+from typing import Generic, Protocol, TypeVar, final, overload
 
 import attrs
 import torch
@@ -177,24 +177,30 @@ class FormatRoute(Protocol[W_contra]):
 @final
 @attrs.frozen(eq=False)
 class Route(Generic[W, Q]):
-    """A backend key with its registered conversion from format ``W``: see :meth:`BackendKey.route`."""
+    """A backend key with its registered conversion from format ``W``: see :meth:`BackendKey.route`.
 
-    key: BackendKey[Q] = attrs.field(alias="_key", kw_only=True)
+    Nothing public here takes or returns a ``Q`` but :meth:`bind` (which
+    checks ``weights`` at run time): ``isinstance(choice, Route)`` on a
+    ``FormatRoute[W]`` gives ``Route[Any, Any]``, and a key or quant info
+    typed ``Any`` must not come out of it.
+    """
+
+    _key: BackendKey[Q] = attrs.field(alias="_key", kw_only=True)
     """The backend."""
     source: WeightFormat[W] = attrs.field(alias="_source", kw_only=True)
     """The canonical format it is fed from."""
-    conversion: AnyConversion[Q] = attrs.field(alias="_conversion", kw_only=True)
+    _conversion: AnyConversion[Q] = attrs.field(alias="_conversion", kw_only=True)
     """The conversion the backend registered from ``source``."""
 
     @property
     def name(self) -> str:
         """The backend's name."""
-        return self.key.name
+        return self._key.name
 
     @property
     def description(self) -> str:
         """One line for tables."""
-        return self.key.description
+        return self._key.description
 
     @property
     def format(self) -> WeightFormat[W]:
@@ -204,7 +210,7 @@ class Route(Generic[W, Q]):
     @property
     def priority(self) -> Priority:
         """The backend's declared rank."""
-        return self.key.priority
+        return self._key.priority
 
     @property
     def degradation(self) -> None:
@@ -213,15 +219,15 @@ class Route(Generic[W, Q]):
 
     def supports(self, device: DeviceSpec, layer: LayerSpec) -> Support:
         """The backend's answer for ``layer`` with its weights in :attr:`source`."""
-        return self.key.supports(device, layer.with_format(self.source))
+        return self._key.supports(device, layer.with_format(self.source))
 
-    def quant_info(self, weights: W) -> Q:
-        """The backend's quant info built from ``weights`` (once, after loading)."""
-        return self.conversion.apply(weights)
+    def _quant_info(self, weights: W) -> Q:
+        """The backend's quant info built from ``weights`` (once, after loading; checked to be in :attr:`source`)."""
+        return self._conversion.apply(weights)
 
     def bind(self, config: MoeRunnerConfig, weights: W) -> BoundRunner[Q]:
         """A runner for ``config`` bound to ``weights`` converted once."""
-        return self.key.bind(config, self.quant_info(weights))
+        return self._key.bind(config, self._quant_info(weights))
 
 
 @final
@@ -579,6 +585,18 @@ def _as_spec(device: DeviceSpec | torch.device) -> DeviceSpec:
     return device if isinstance(device, DeviceSpec) else DeviceSpec.of(device)
 
 
+@overload
+def select_backend(
+    choices: Sequence[BackendKey[Q]], device: DeviceSpec | torch.device, layer: LayerSpec, *, name: str | None = None
+) -> Selection[BackendKey[Q]]: ...
+
+
+@overload
+def select_backend(
+    choices: Sequence[FormatRoute[W]], device: DeviceSpec | torch.device, layer: LayerSpec, *, name: str | None = None
+) -> Selection[FormatRoute[W]]: ...
+
+
 def select_backend(
     choices: Sequence[C], device: DeviceSpec | torch.device, layer: LayerSpec, *, name: str | None = None
 ) -> Selection[C]:
@@ -589,6 +607,11 @@ def select_backend(
     choice that fits only by name (:attr:`Support.by_name_only`) is taken
     only when named. Raises :class:`BackendSelectionError` listing every
     choice with its reasons.
+
+    Nothing else is a choice: a ``Sequence[BackendChoice]`` (keys of
+    several quant info types, or keys and routes together) matches neither
+    overload, so no ``Selection`` holds a key whose ``Q`` an ``isinstance``
+    would recover as ``Any``.
     """
     spec = _as_spec(device)
     if not choices:

@@ -28,13 +28,13 @@ def test_swizzle_places_every_scale_at_the_kernel_offset(
     linear = LinearBlockScales.from_checkpoint(random_scales(gen, rows, blocks))
 
     swizzled = linear.to(device).swizzle()
-    assert swizzled.data.device.type == device.type
-    swizzled = SwizzledBlockScales(_data=swizzled.data.cpu(), _rows=rows, _blocks=blocks)
+    assert swizzled.device.type == device.type
+    swizzled = swizzled.to("cpu")
 
-    padded_rows, padded_blocks = swizzled.data.shape
+    padded_rows, padded_blocks = swizzled.shape
     assert (padded_rows % 128, padded_blocks % 4) == (0, 0)
     assert (swizzled.rows, swizzled.blocks) == (rows, blocks)
-    flat = swizzled.data.view(torch.uint8).flatten()
+    flat = swizzled._tiles.view(torch.uint8).flatten()
     expected = torch.zeros(padded_rows * padded_blocks, dtype=torch.uint8)
     source = linear.data.view(torch.uint8)
     for m in range(rows):
@@ -49,10 +49,10 @@ def test_swizzle_round_trips_with_batch_dims(gen: torch.Generator) -> None:
 
     swizzled = linear.swizzle()
 
-    assert swizzled.data.shape == (3, 256, 12)
+    assert swizzled.shape == (3, 256, 12)
     for expert in range(3):
         alone = LinearBlockScales.from_checkpoint(data[expert]).swizzle()
-        assert torch.equal(swizzled.data[expert].view(torch.uint8), alone.data.view(torch.uint8))
+        assert torch.equal(swizzled._tiles[expert].view(torch.uint8), alone._tiles.view(torch.uint8))
     assert torch.equal(swizzled.unswizzle().data.view(torch.uint8), data.view(torch.uint8))
 
 
@@ -67,4 +67,4 @@ def test_block_scale_constructors_reject_bad_input(gen: torch.Generator) -> None
         LinearBlockScales.from_checkpoint(torch.full((2, 2), -1.0).to(torch.float8_e4m3fn))
     swizzled = LinearBlockScales.from_checkpoint(random_scales(gen, 130, 6)).swizzle()
     with pytest.raises(ValueError, match=r"expected last dims \(128, 8\) for rows=100"):
-        SwizzledBlockScales(_data=swizzled.data, _rows=100, _blocks=6)
+        SwizzledBlockScales._of(swizzled._tiles, rows=100, blocks=6)

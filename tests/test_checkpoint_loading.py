@@ -254,7 +254,7 @@ def test_forced_backend_and_the_reasons_when_it_cannot_run() -> None:
         factory=REFERENCE_NVFP4.factory,
         supports=_nowhere,
         priority=Priority(Tier.KERNEL, order=5),
-        conversions=[REFERENCE_NVFP4.route(NVFP4).conversion],
+        conversions=REFERENCE_NVFP4.conversions,
     )
     refused = CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config(), backend=never.route(NVFP4))
     tensors = read_tensors(CT_NVFP4)

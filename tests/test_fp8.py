@@ -48,9 +48,9 @@ def test_channel_scales_from_a_checkpoint_and_from_per_tensor_scales(gen: torch.
     channel = Fp8ChannelScales.from_expert(per_tensor, 6)
     assert torch.equal(channel.value, per_tensor.value[:, None].expand(4, 6))
     with pytest.raises(ValueError, match="Fp8ChannelScales.value: expected a 2-d tensor"):
-        Fp8ChannelScales(_value=torch.ones(4))
+        Fp8ChannelScales.from_checkpoint(torch.ones(4))
     with pytest.raises(ValueError, match="expected values > 0"):
-        Fp8ChannelScales(_value=-torch.ones(2, 3))
+        Fp8ChannelScales.from_checkpoint(-torch.ones(2, 3))
 
 
 def test_block_weights_scale_each_128_block_and_pad_partial_ones(gen: torch.Generator) -> None:
@@ -68,7 +68,7 @@ def test_block_weights_scale_each_128_block_and_pad_partial_ones(gen: torch.Gene
     assert bool(((q.dequantize() - w).abs() <= block_amax * E4M3_STEP / 2).all())
     torch.testing.assert_close(q.dequantize_expert(1), q.dequantize()[1], rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"expected shape \(2, 2, 3\) \(one per 128x128 block\), got \(2, 2, 2\)"):
-        Fp8BlockExpertWeights(q.codes, Fp8BlockScales(_value=torch.ones(2, 2, 2)))
+        Fp8BlockExpertWeights(q.codes, Fp8BlockScales.from_checkpoint(torch.ones(2, 2, 2)))
 
 
 def test_block_layers_need_sizes_on_the_128_grid(gen: torch.Generator) -> None:

@@ -54,7 +54,7 @@ def test_conventions_are_reciprocal(gen: torch.Generator) -> None:
 )
 def test_scalar_scale_rejects_bad_values(value: torch.Tensor, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=f"QuantizeGlobalScale.value: {message}"):
-        QuantizeGlobalScale(_value=value)
+        QuantizeGlobalScale._of(value)
 
 
 def test_per_expert_scales_reject_bad_values() -> None:
@@ -67,7 +67,7 @@ def test_per_expert_scales_reject_bad_values() -> None:
 
 
 def test_require_equal_collapses_agreeing_experts(gen: torch.Generator) -> None:
-    value = float(torch.rand(1, generator=gen)) + 0.5
+    value = (float(torch.rand(1, generator=gen)) + 0.5) * 1e4
     scalar = QuantizeGlobalScale.from_experts(
         ExpertQuantizeGlobalScales.from_checkpoint(torch.full((8,), value)), policy=ExpertScalePolicy.REQUIRE_EQUAL
     )
@@ -76,7 +76,7 @@ def test_require_equal_collapses_agreeing_experts(gen: torch.Generator) -> None:
 
 
 def test_require_equal_rejects_disagreeing_experts(gen: torch.Generator) -> None:
-    scales = ExpertQuantizeGlobalScales.from_checkpoint(torch.rand(8, generator=gen) + 0.5)
+    scales = ExpertQuantizeGlobalScales.from_checkpoint((torch.rand(8, generator=gen) + 0.5) * 1e4)
     with pytest.raises(ValueError, match="experts disagree"):
         QuantizeGlobalScale.from_experts(scales, policy=ExpertScalePolicy.REQUIRE_EQUAL)
 
@@ -120,20 +120,23 @@ def test_per_expert_weight_scales_name_the_expert_too() -> None:
 
 
 def test_conservative_refuses_a_quantize_side_outlier_that_zeroes_every_other_expert() -> None:
-    """One tiny quantize-side scale (a huge amax) becomes the scalar; every other expert's amax then underflows."""
-    values = torch.tensor(COMPRESSED_TENSORS_W2)
+    """One tiny quantize-side scale (a huge amax) becomes the scalar; every other expert's amax then underflows.
+
+    The others are input scales 1024 times the fixture's (amax 1e-4 to 4e-4, still in real files' range), so that
+    the outlier stays >= 1: below 1 it is refused first as a dequantize-side value."""
+    values = torch.tensor(COMPRESSED_TENSORS_W2) * 1024
     smallest_other = float(values.min())
     values[2] = smallest_other / FLUSH_RATIO
     expected = "QuantizeGlobalScale: expected no expert's scale to zero every other expert's inputs, got "
     with pytest.raises(ValueError, match=re.escape(f"{expected}{float(values[2])} (quantize side, amax ")) as raised:
         QuantizeGlobalScale.from_checkpoint(values, policy=ExpertScalePolicy.CONSERVATIVE)
     assert "at expert 2: as the conservative scalar" in str(raised.value)
-    assert "(amax 0.4264, expert 4) the E4M3 block scale 0.000977, which rounds to zero" in str(raised.value)
+    assert "(amax 0.0004164, expert 4) the E4M3 block scale 0.000977, which rounds to zero" in str(raised.value)
     # a hair larger and the other experts' largest blocks keep the smallest subnormal scale: degraded, not zero
     values[2] = smallest_other / FLUSH_RATIO * 1.001
     assert QuantizeGlobalScale.from_checkpoint(values, policy=ExpertScalePolicy.CONSERVATIVE).value == values[2]
     # the same through per-expert scales
-    values[2] = 1e-3
+    values[2] = 2.0
     with pytest.raises(ValueError, match="ExpertQuantizeGlobalScales: expected no expert's scale .* at expert 2: "):
         QuantizeGlobalScale.from_experts(
             ExpertQuantizeGlobalScales.from_checkpoint(values), policy=ExpertScalePolicy.CONSERVATIVE
@@ -141,20 +144,24 @@ def test_conservative_refuses_a_quantize_side_outlier_that_zeroes_every_other_ex
 
 
 def test_conservative_names_the_outlier_expert_and_shard_of_gate_up_values() -> None:
-    gate_up = torch.full((8, 2), 700.0)
-    gate_up[6] = 1e-3  # both halves of expert 6: one expert, not two
-    expected = "got 0.0010000000474974513 (quantize side, amax 2.688e+06) at expert 6, shard 0: "
+    gate_up = torch.full((8, 2), 7e8)
+    gate_up[6] = 1000.0  # both halves of expert 6: one expert, not two
+    expected = "got 1000.0 (quantize side, amax 2.688) at expert 6, shard 0: "
     with pytest.raises(ValueError, match=re.escape(expected)):
         QuantizeGlobalScale.from_checkpoint(gate_up, policy=ExpertScalePolicy.CONSERVATIVE)
-    gate_up[6, 0] = 700.0
+    gate_up[6, 0] = 7e8
     with pytest.raises(ValueError, match="at expert 6, shard 1: "):
         QuantizeGlobalScale.from_checkpoint(gate_up, policy=ExpertScalePolicy.CONSERVATIVE)
 
 
 def test_conservative_refuses_a_dequantize_side_outlier_that_zeroes_every_other_expert() -> None:
-    """On the dequantize side the outlier is huge (ModelOpt's input_scale is amax / 2688)."""
-    values = torch.full((8,), MODELOPT_W13)
-    values[7] = MODELOPT_W13 * FLUSH_RATIO
+    """On the dequantize side the outlier is huge (ModelOpt's input_scale is amax / 2688).
+
+    The others are small (amax 5e-3) so that the outlier stays <= 1: above 1 it is refused first as a quantize-side
+    value."""
+    small = 2e-6
+    values = torch.full((8,), small)
+    values[7] = small * FLUSH_RATIO
     expected = (
         "DequantizeGlobalScale: expected no expert's scale to zero every other expert's inputs, got "
         f"{float(values[7])} (dequantize side, amax {2688 * float(values[7]):.4g}) at expert 7: "
@@ -165,11 +172,11 @@ def test_conservative_refuses_a_dequantize_side_outlier_that_zeroes_every_other_
         DequantizeGlobalScale.from_experts(
             ExpertDequantizeGlobalScales.from_checkpoint(values), policy=ExpertScalePolicy.CONSERVATIVE
         )
-    values[7] = MODELOPT_W13 * FLUSH_RATIO / 1.001
+    values[7] = small * FLUSH_RATIO / 1.001
     assert DequantizeGlobalScale.from_checkpoint(values, policy=ExpertScalePolicy.CONSERVATIVE).value == values[7]
     values[7] = 1e-30  # tiny on the dequantize side is a tiny expert: not the conservative choice
     scalar = DequantizeGlobalScale.from_checkpoint(values, policy=ExpertScalePolicy.CONSERVATIVE)
-    assert scalar.item() == pytest.approx(MODELOPT_W13)
+    assert scalar.item() == pytest.approx(small)
 
 
 def test_conservative_keeps_a_tiny_expert_and_an_uncalibrated_one() -> None:
@@ -185,7 +192,7 @@ def test_loading_a_checkpoint_with_an_outlier_input_scale_names_the_expert(tmp_p
     """The layer is refused when it loads, not run to a zero output that ``moe-core check`` reports as nan."""
     directory = copy_checkpoint(CT_NVFP4, tmp_path / "checkpoint")
     rewrite_tensor(directory, "model.layers.0.mlp.experts.4.down_proj.input_global_scale", torch.tensor([1e-3]))
-    with pytest.raises(ValueError, match=r"model.layers.0.mlp of .*: QuantizeGlobalScale: .* at expert 4: "):
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp of .*: QuantizeGlobalScale.from_checkpoint: .* at expert 4, "):
         MoeCheckpoint(directory).load_layer(0)
     rewrite_tensor(directory, "model.layers.0.mlp.experts.4.down_proj.input_global_scale", torch.tensor([7000.0]))
     rewrite_tensor(directory, "model.layers.0.mlp.experts.2.up_proj.input_global_scale", torch.tensor([0.0]))

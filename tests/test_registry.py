@@ -144,7 +144,7 @@ def test_routes_convert_checked_weights_and_bind(gen: torch.Generator) -> None:
     with pytest.raises(ValueError, match=r"backend 'reference-dense' converts from no nvfp4 weights \(it takes: dense\)"):
         REFERENCE_DENSE.route(NVFP4)
     with pytest.raises(TypeError, match="the nvfp4 format takes Nvfp4MoeWeights, got DenseMoeWeights"):
-        route.quant_info(weights.dequantize())  # type: ignore[arg-type]  # the runtime check under test
+        route.bind(CONFIG, weights.dequantize())  # type: ignore[arg-type]  # the runtime check under test
 
 
 def _needs_gpu(device: DeviceSpec, layer: LayerSpec) -> Support:

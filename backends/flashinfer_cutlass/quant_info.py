@@ -17,8 +17,14 @@ FC1 rows are ``[up; gate]`` for this kernel (FlashInfer's
   as the int64 views the API takes (16 codes each), the E4M3 block scales
   128x4-swizzled as int32 views, and the six ``quant_scales`` as the named,
   typed :class:`CutlassNvfp4QuantScales`. The kernel has one FC1 alpha per
-  expert, so w1 and w3 whose global scales differ are fused by a named
-  :class:`~moe_core.GateUpScalePolicy`.
+  expert, so w1 and w3 whose global scales differ need reconciling. The
+  registered conversion (:meth:`CutlassNvfp4Weights.from_nvfp4_folded`) keeps
+  both halves' codes and block scales as they are, gives FC1 the gate's
+  global scale, and moves the up half's ratio into FC2's per-expert input
+  scale: exact, where rescaling the up half's E4M3 block scales
+  (``GateUpScalePolicy.RESCALE_BLOCK_SCALES``, :meth:`~CutlassNvfp4Weights.from_nvfp4`)
+  leaves errors of 8e-2 to 9e-2 on llmcompressor's split-scale checkpoint
+  (``tests/test_gate_up_policies.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from moe_core import (
     ExpertQuantizeGlobalScales,
     GateUpScalePolicy,
     LinearBlockScales,
+    Nvfp4ExpertWeights,
     Nvfp4MoeWeights,
     QuantizeGlobalScale,
     SwizzledBlockScales,
@@ -138,7 +145,29 @@ class CutlassAlphas(ExpertKernelScalars):
         cls, *, weights: ExpertQuantizeGlobalScales, inputs: QuantizeGlobalScale
     ) -> CutlassAlphas:
         """From the weights' per-expert scales and the scalar that quantizes the GEMM's input."""
-        return cls(_value=1.0 / (weights.value.to(torch.float32) * inputs.value.to(torch.float32)))
+        return cls._of(1.0 / (weights.value.to(torch.float32) * inputs.value.to(torch.float32)))
+
+
+@final
+@attrs.frozen(eq=False)
+class CutlassActivationScales(ExpertKernelScalars):
+    """FC2's per-expert input scale (quantize side): the scalar that quantizes the gated activation, over each
+    expert's factor by which FC1 scales its up half (the kernel takes a 0-d scalar or one per expert)."""
+
+    @classmethod
+    def uniform(cls, inputs: QuantizeGlobalScale, *, num_experts: int) -> CutlassActivationScales:
+        """The layer's one scalar for every expert (FC1 computes both halves at their own scale)."""
+        return cls._of(inputs.value.to(torch.float32).expand(num_experts).contiguous())
+
+    @classmethod
+    def folding_up_ratio(
+        cls, inputs: QuantizeGlobalScale, *, gate: ExpertQuantizeGlobalScales, up: ExpertQuantizeGlobalScales
+    ) -> CutlassActivationScales:
+        """``inputs * gate / up``: FC1 ran the up half at the gate's global scale, so its output, and the gated
+        activation linear in it, come out ``up / gate`` times too large; quantizing with this scale gives the codes
+        and block scales of the true activation at ``inputs``."""
+        ratio = gate.value.to(torch.float32) / up.value.to(torch.float32)
+        return cls._of(inputs.value.to(torch.float32) * ratio)
 
 
 @final
@@ -151,8 +180,8 @@ class CutlassNvfp4QuantScales:
     fc1_weight_scales: SwizzledBlockScales
     """FC1 E4M3 block scales ``[E, 2I, H / 16]``, rows ``[up; gate]``, 128x4-swizzled."""
     fc1_alphas: CutlassAlphas
-    fc2_input_scale: QuantizeGlobalScale
-    """Quantizes the gated activation."""
+    fc2_input_scales: CutlassActivationScales
+    """Quantize the gated activation, one per expert."""
     fc2_weight_scales: SwizzledBlockScales
     """FC2 E4M3 block scales ``[E, H, I / 16]``, 128x4-swizzled."""
     fc2_alphas: CutlassAlphas
@@ -162,10 +191,10 @@ class CutlassNvfp4QuantScales:
     def __attrs_post_init__(self) -> None:
         order = (
             self.fc1_input_scale.value.reshape(()),
-            self.fc1_weight_scales.data.view(torch.int32),
+            self.fc1_weight_scales._tiles.view(torch.int32),
             self.fc1_alphas.value,
-            self.fc2_input_scale.value.reshape(()),
-            self.fc2_weight_scales.data.view(torch.int32),
+            self.fc2_input_scales.value,
+            self.fc2_weight_scales._tiles.view(torch.int32),
             self.fc2_alphas.value,
         )
         object.__setattr__(self, "in_kernel_order", order)
@@ -196,44 +225,75 @@ class CutlassNvfp4Weights:
             )
         require_row_alignment("CutlassNvfp4Weights", intermediate_size=inter, hidden_size=hidden)
         scales = self.scales
-        for name, alphas in (("fc1_alphas", scales.fc1_alphas), ("fc2_alphas", scales.fc2_alphas)):
+        per_expert = (("fc1_alphas", scales.fc1_alphas), ("fc2_input_scales", scales.fc2_input_scales), ("fc2_alphas", scales.fc2_alphas))
+        for name, alphas in per_expert:
             if alphas.num_experts != experts:
                 raise ValueError(f"CutlassNvfp4Weights.scales.{name}: expected {experts} experts, got {alphas.num_experts}")
         for name, block, shape in (
             ("fc1_weight_scales", scales.fc1_weight_scales, (experts, rows, hidden // 16)),
             ("fc2_weight_scales", scales.fc2_weight_scales, (experts, hidden, inter // 16)),
         ):
-            if tuple(block.data.shape) != shape:
-                raise ValueError(f"CutlassNvfp4Weights.scales.{name}: expected shape {shape}, got {tuple(block.data.shape)}")
+            if block.shape != shape:
+                raise ValueError(f"CutlassNvfp4Weights.scales.{name}: expected shape {shape}, got {block.shape}")
         require_same_device(
             [("fc1", self.fc1), ("fc2", self.fc2), ("fc1_alphas", scales.fc1_alphas.value)]
         )
 
     @classmethod
-    def from_nvfp4(cls, weights: Nvfp4MoeWeights, *, gate_up: GateUpScalePolicy) -> CutlassNvfp4Weights:
-        """The once-after-loading conversion, fusing w1/w3 onto one global scale per expert under ``gate_up``."""
-        _, inter, hidden = weights.w13.gate.shape
-        require_row_alignment("CUTLASS NVFP4 MoE", intermediate_size=inter, hidden_size=hidden)
-        fused = weights.w13.with_shared_global_scales(gate_up)
-        fc1_scales = LinearBlockScales.from_checkpoint(_up_gate(fused.block_scales.data))
+    def _build(cls, weights: Nvfp4MoeWeights, fc1: Nvfp4ExpertWeights, fc2_input_scales: CutlassActivationScales) -> CutlassNvfp4Weights:
+        """The kernel's tensors from the fused FC1 ``[gate; up]`` and FC2's per-expert input scales."""
+        fc1_scales = LinearBlockScales.from_checkpoint(_up_gate(fc1.block_scales.data))
         hidden_scale, activation_scale = weights.w13_input_scale, weights.w2_input_scale
         return cls(
-            fc1=_up_gate(fused.packed).view(torch.int64),
+            fc1=_up_gate(fc1.packed).view(torch.int64),
             fc2=weights.w2.packed.contiguous().view(torch.int64),
             scales=CutlassNvfp4QuantScales(
                 fc1_input_scale=hidden_scale,
                 fc1_weight_scales=fc1_scales.swizzle(),
-                fc1_alphas=CutlassAlphas.from_global_scales(weights=fused.global_scales, inputs=hidden_scale),
-                fc2_input_scale=activation_scale,
+                fc1_alphas=CutlassAlphas.from_global_scales(weights=fc1.global_scales, inputs=hidden_scale),
+                fc2_input_scales=fc2_input_scales,
                 fc2_weight_scales=weights.w2.block_scales.swizzle(),
                 fc2_alphas=CutlassAlphas.from_global_scales(weights=weights.w2.global_scales, inputs=activation_scale),
             ),
         )
 
     @classmethod
+    def from_nvfp4(cls, weights: Nvfp4MoeWeights, *, gate_up: GateUpScalePolicy) -> CutlassNvfp4Weights:
+        """The conversion fusing w1/w3 onto one global scale per expert under ``gate_up`` (FC2 as it is)."""
+        _, inter, hidden = weights.w13.gate.shape
+        require_row_alignment("CUTLASS NVFP4 MoE", intermediate_size=inter, hidden_size=hidden)
+        fused = weights.w13.with_shared_global_scales(gate_up)
+        uniform = CutlassActivationScales.uniform(weights.w2_input_scale, num_experts=weights.num_experts)
+        return cls._build(weights, fused, uniform)
+
+    @classmethod
     def from_nvfp4_rescaled(cls, weights: Nvfp4MoeWeights) -> CutlassNvfp4Weights:
-        """:meth:`from_nvfp4` under ``RESCALE_BLOCK_SCALES``: the registered conversion (exact where w1/w3 agree)."""
+        """:meth:`from_nvfp4` under ``RESCALE_BLOCK_SCALES`` (exact where w1/w3 agree; see the module's docstring)."""
         return cls.from_nvfp4(weights, gate_up=GateUpScalePolicy.RESCALE_BLOCK_SCALES)
+
+    @classmethod
+    def from_nvfp4_folded(cls, weights: Nvfp4MoeWeights) -> CutlassNvfp4Weights:
+        """The registered conversion: w1/w3 keep their codes and block scales, FC1 takes the gate's global scale,
+        and each expert's ``up / gate`` ratio moves into FC2's input scale.
+
+        Exact for a gated activation linear in its up half, ``act(gate) * up``
+        (the runner passes SwiGLU only): the kernel's FC1 computes the gate
+        exactly and the up half ``up / gate`` times too large, so the
+        activation is too, and quantizing it with the layer's scale times
+        ``gate / up`` (:meth:`CutlassActivationScales.folding_up_ratio`) gives
+        the true activation's codes and block scales; FC2's alpha keeps the
+        layer's scale. No E4M3 block scale is rounded again.
+        """
+        _, inter, hidden = weights.w13.gate.shape
+        require_row_alignment("CUTLASS NVFP4 MoE", intermediate_size=inter, hidden_size=hidden)
+        gate, up = weights.w13.gate, weights.w13.up
+        fc1 = Nvfp4ExpertWeights(
+            torch.cat((gate.packed, up.packed), dim=1),
+            LinearBlockScales.from_checkpoint(torch.cat((gate.block_scales.data, up.block_scales.data), dim=1)),
+            gate.global_scales,
+        )
+        folded = CutlassActivationScales.folding_up_ratio(weights.w2_input_scale, gate=gate.global_scales, up=up.global_scales)
+        return cls._build(weights, fc1, folded)
 
     def kernel_input(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The hidden states in bf16; the kernel quantizes them with ``fc1_input_scale``."""
@@ -272,7 +332,7 @@ class CutlassFp8Dequant(ExpertKernelScalars):
     @classmethod
     def from_scales(cls, *, weights: ExpertFp8Scales, inputs: Fp8TensorScale) -> CutlassFp8Dequant:
         """From the weights' per-expert scales and the GEMM input's static scale."""
-        return cls(_value=weights.value.to(torch.float32) * inputs.value.to(torch.float32))
+        return cls._of(weights.value.to(torch.float32) * inputs.value.to(torch.float32))
 
 
 @final

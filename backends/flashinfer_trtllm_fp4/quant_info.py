@@ -49,7 +49,7 @@ class Fc1GateScalars(ExpertKernelScalars):
         cls, *, gate: ExpertQuantizeGlobalScales, hidden_states: QuantizeGlobalScale
     ) -> Fc1GateScalars:
         """From the gate half's per-expert scales and the scalar that quantizes the hidden states."""
-        return cls(_value=1.0 / (_as_kernel_value(gate) * _as_kernel_value(hidden_states)))
+        return cls._of(1.0 / (_as_kernel_value(gate) * _as_kernel_value(hidden_states)))
 
 
 @final
@@ -67,7 +67,7 @@ class Fc1UpScalars(ExpertKernelScalars):
         activation: QuantizeGlobalScale,
     ) -> Fc1UpScalars:
         """From the up half's per-expert scales and the two GEMMs' scalar input scales."""
-        return cls(_value=_as_kernel_value(activation) / (_as_kernel_value(up) * _as_kernel_value(hidden_states)))
+        return cls._of(_as_kernel_value(activation) / (_as_kernel_value(up) * _as_kernel_value(hidden_states)))
 
 
 @final
@@ -80,7 +80,7 @@ class Fc2OutputScalars(ExpertKernelScalars):
         cls, *, w2: ExpertQuantizeGlobalScales, activation: QuantizeGlobalScale
     ) -> Fc2OutputScalars:
         """From w2's per-expert scales and the scalar that quantized the activation."""
-        return cls(_value=1.0 / (_as_kernel_value(activation) * _as_kernel_value(w2)))
+        return cls._of(1.0 / (_as_kernel_value(activation) * _as_kernel_value(w2)))
 
 
 def _check_packed(name: str, tensor: torch.Tensor, shape: tuple[int, int, int]) -> None:
@@ -126,8 +126,8 @@ class TrtllmFp4Weights:
         ):
             if not isinstance(scales, SwizzledBlockScales):
                 raise TypeError(f"TrtllmFp4Weights.{name}: expected SwizzledBlockScales, got {type(scales).__name__}")
-            if tuple(scales.data.shape) != shape:
-                raise ValueError(f"TrtllmFp4Weights.{name}: expected shape {shape}, got {tuple(scales.data.shape)}")
+            if scales.shape != shape:
+                raise ValueError(f"TrtllmFp4Weights.{name}: expected shape {shape}, got {scales.shape}")
         for name, kind in (
             ("output1_scale_gate_scalar", Fc1GateScalars),
             ("output1_scale_scalar", Fc1UpScalars),
@@ -147,7 +147,7 @@ class TrtllmFp4Weights:
             [
                 ("gemm1_weights", self.gemm1_weights),
                 ("gemm2_weights", self.gemm2_weights),
-                ("gemm1_scales", self.gemm1_scales.data),
+                ("gemm1_scales", self.gemm1_scales._tiles),
                 ("output1_scale_scalar", self.output1_scale_scalar.value),
                 ("hidden_states_scale", self.hidden_states_scale.value),
             ]

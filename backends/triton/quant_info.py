@@ -205,50 +205,78 @@ class Fp8Accumulation(enum.Enum):
 
 
 @final
-@attrs.frozen(eq=False, kw_only=True)
+@attrs.frozen(eq=False)
 class TritonFp8Weights(TensorExperts):
     """FP8 E4M3 W8A8 experts as the kernels read them: codes, per-channel dequantize-side scales, the activations' scheme.
 
     ``w13 [E, 2I, H]`` (gate rows first) with ``w13_scales [E, 2I]``, so the
     gate and up halves keep their own scales; ``w2 [E, H, I]`` with
     ``w2_scales [E, H]``.
+
+    The activations' scheme follows from the canonical format, so there is
+    no public constructor (``__init__`` takes nothing, and ``attrs.evolve``
+    has no field to change): :meth:`from_fp8` pairs per-tensor weights with
+    their checkpoint's static input scales, :meth:`from_fp8_channel`
+    per-channel weights with per-token scales. A static checkpoint run with
+    dynamic activations computes another layer (0.055 off its oracle);
+    :meth:`with_accumulation` is the one choice left to the caller.
     """
 
-    w13: torch.Tensor
-    w13_scales: Fp8ChannelScales
-    w2: torch.Tensor
-    w2_scales: Fp8ChannelScales
-    activations: Fp8Activations
-    accumulation: Fp8Accumulation = Fp8Accumulation.FLOAT32_EVERY_TILE
+    w13: torch.Tensor = attrs.field(init=False)
+    w13_scales: Fp8ChannelScales = attrs.field(init=False)
+    w2: torch.Tensor = attrs.field(init=False)
+    w2_scales: Fp8ChannelScales = attrs.field(init=False)
+    activations: Fp8Activations = attrs.field(init=False)
+    accumulation: Fp8Accumulation = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.accumulation, Fp8Accumulation):
-            raise TypeError(f"TritonFp8Weights.accumulation: expected an Fp8Accumulation, got {self.accumulation!r}")
-        for name, tensor, scales in (("w13", self.w13, self.w13_scales), ("w2", self.w2, self.w2_scales)):
+        raise TypeError(
+            "TritonFp8Weights() takes no arguments: build it with from_fp8 or from_fp8_channel, "
+            "which pair the weights with the activations' scheme of their format"
+        )
+
+    @classmethod
+    def _of(
+        cls,
+        *,
+        w13: torch.Tensor,
+        w13_scales: Fp8ChannelScales,
+        w2: torch.Tensor,
+        w2_scales: Fp8ChannelScales,
+        activations: Fp8Activations,
+        accumulation: Fp8Accumulation = Fp8Accumulation.FLOAT32_EVERY_TILE,
+    ) -> TritonFp8Weights:
+        """The one way in, checked, bypassing the argument-less ``__init__``."""
+        if not isinstance(accumulation, Fp8Accumulation):
+            raise TypeError(f"TritonFp8Weights.accumulation: expected an Fp8Accumulation, got {accumulation!r}")
+        for name, tensor, scales in (("w13", w13, w13_scales), ("w2", w2, w2_scales)):
             _require_kernel_stack(f"TritonFp8Weights.{name}", tensor, (torch.float8_e4m3fn,))
             if not isinstance(scales, Fp8ChannelScales) or tuple(scales.value.shape) != tuple(tensor.shape[:2]):
                 raise ValueError(f"TritonFp8Weights.{name}_scales: expected Fp8ChannelScales of shape {tuple(tensor.shape[:2])}")
-        if not isinstance(self.activations, (StaticFp8Activations, DynamicFp8Activations)):
+        if not isinstance(activations, (StaticFp8Activations, DynamicFp8Activations)):
             raise TypeError(
                 f"TritonFp8Weights.activations: expected StaticFp8Activations or DynamicFp8Activations, "
-                f"got {type(self.activations).__name__}"
+                f"got {type(activations).__name__}"
             )
-        _expert_dims(self.w13, self.w2, 1)
-        tensors = [("w13", self.w13), ("w2", self.w2), ("w13_scales", self.w13_scales.value), ("w2_scales", self.w2_scales.value)]
-        if isinstance(self.activations, StaticFp8Activations):
-            tensors.append(("w13_input_scale", self.activations.w13_input_scale.value))
-            tensors.append(("w2_input_scale", self.activations.w2_input_scale.value))
+        _expert_dims(w13, w2, 1)
+        tensors = [("w13", w13), ("w2", w2), ("w13_scales", w13_scales.value), ("w2_scales", w2_scales.value)]
+        if isinstance(activations, StaticFp8Activations):
+            tensors.append(("w13_input_scale", activations.w13_input_scale.value))
+            tensors.append(("w2_input_scale", activations.w2_input_scale.value))
         require_same_device(tensors)
+        weights = object.__new__(cls)
+        fields = {"w13": w13, "w13_scales": w13_scales, "w2": w2, "w2_scales": w2_scales}
+        for name, value in (*fields.items(), ("activations", activations), ("accumulation", accumulation)):
+            object.__setattr__(weights, name, value)
+        return weights
 
     @classmethod
     def from_fp8(cls, weights: Fp8MoeWeights) -> TritonFp8Weights:
         """Per-tensor FP8 weights with their static input scales; each half's scale repeated on its rows."""
         gate, up = weights.w13.gate, weights.w13.up
-        rows = gate.shape[1]
-        halves = [Fp8ChannelScales.from_expert(half.scales, rows).value for half in (gate, up)]
-        return cls(
+        return cls._of(
             w13=torch.cat((gate.codes, up.codes), dim=1).contiguous(),
-            w13_scales=Fp8ChannelScales(_value=torch.cat(halves, dim=1)),
+            w13_scales=Fp8ChannelScales.from_halves(gate.scales, up.scales, gate.shape[1]),
             w2=weights.w2.codes.contiguous(),
             w2_scales=Fp8ChannelScales.from_expert(weights.w2.scales, weights.w2.shape[1]),
             activations=StaticFp8Activations(
@@ -259,12 +287,19 @@ class TritonFp8Weights(TensorExperts):
     @classmethod
     def from_fp8_channel(cls, weights: Fp8ChannelMoeWeights) -> TritonFp8Weights:
         """Per-channel FP8 weights as they are, activations quantized per token."""
-        return cls(
+        return cls._of(
             w13=weights.w13.codes.contiguous(),
             w13_scales=weights.w13.scales,
             w2=weights.w2.codes.contiguous(),
             w2_scales=weights.w2.scales,
             activations=DynamicFp8Activations(),
+        )
+
+    def with_accumulation(self, accumulation: Fp8Accumulation) -> TritonFp8Weights:
+        """The same weights and activations' scheme, accumulated as ``accumulation`` says."""
+        return TritonFp8Weights._of(
+            w13=self.w13, w13_scales=self.w13_scales, w2=self.w2, w2_scales=self.w2_scales,
+            activations=self.activations, accumulation=accumulation,
         )
 
 

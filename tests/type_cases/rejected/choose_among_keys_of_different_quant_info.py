@@ -7,4 +7,4 @@ from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
 
 
 def choose(name: str, config: MoeRunnerConfig) -> None:
-    select_backend([REFERENCE_NVFP4, REFERENCE_DENSE], torch.device("cpu"), LayerSpec(config, NVFP4), name=name)  # expect: [type-var] Value of type variable "C" of "select_backend" cannot be "object"
+    select_backend([REFERENCE_NVFP4, REFERENCE_DENSE], torch.device("cpu"), LayerSpec(config, NVFP4), name=name)  # expect: [arg-type] Argument 1 to "select_backend" has incompatible type "list[object]"

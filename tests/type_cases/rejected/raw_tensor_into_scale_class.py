@@ -6,4 +6,4 @@ from moe_core import QuantizeGlobalScale
 
 
 def input_scale(per_expert: torch.Tensor) -> QuantizeGlobalScale:
-    return QuantizeGlobalScale(per_expert[:1])  # expect: [call-arg] Too many positional arguments for "QuantizeGlobalScale"
+    return QuantizeGlobalScale(per_expert[:1])  # expect: [call-arg] Too many arguments for "QuantizeGlobalScale"

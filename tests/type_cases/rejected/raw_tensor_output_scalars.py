@@ -19,4 +19,4 @@ def with_scalars(weights: TrtllmFp4Weights, gate: torch.Tensor) -> TrtllmFp4Weig
 
 
 def up_from_tensor(values: torch.Tensor) -> Fc1UpScalars:
-    return Fc1UpScalars(values)  # expect: [call-arg] Too many positional arguments for "Fc1UpScalars"
+    return Fc1UpScalars(values)  # expect: [call-arg] Too many arguments for "Fc1UpScalars"

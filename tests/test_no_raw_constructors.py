@@ -1,0 +1,234 @@
+"""What mypy refuses in ``type_cases/rejected`` (a scale's tensor from outside its named constructors, a static
+FP8 checkpoint paired with dynamic activations, a route's key) refused at run time too, where type checking is
+bypassed; and what only a value shows: a global scale of the other convention, per-channel FP8 codes under
+collapsed scales, a tensor loaded under another projection's name."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+
+from moe_core import (
+    NVFP4,
+    DequantizeGlobalScale,
+    ExpertDequantizeGlobalScales,
+    ExpertFp8Scales,
+    ExpertQuantizeGlobalScales,
+    ExpertScalePolicy,
+    Fp8BlockScales,
+    Fp8ChannelExpertWeights,
+    Fp8ChannelScales,
+    Fp8ExpertWeights,
+    Fp8GateUpWeights,
+    Fp8MoeWeights,
+    Fp8TensorScale,
+    LinearBlockScales,
+    QuantizeGlobalScale,
+    candidates,
+)
+from moe_core.checkpoint import MoeCheckpoint
+from moe_core.fp8 import PER_CHANNEL_EVIDENCE_ROWS
+from moe_core.backends.flashinfer_cutlass.quant_info import CutlassActivationScales, CutlassAlphas, CutlassFp8Dequant
+from moe_core.backends.flashinfer_trtllm_fp4.quant_info import Fc1GateScalars, Fc1UpScalars, Fc2OutputScalars
+from moe_core.backends.triton.quant_info import (
+    DynamicFp8Activations,
+    Fp8Accumulation,
+    StaticFp8Activations,
+    TritonFp8Weights,
+)
+from tests.checkpoint_oracles import CT_NVFP4, MODELOPT, copy_checkpoint, read_tensors, rewrite_tensor
+
+EXPERTS = torch.tensor([1.5, 2.0])
+HIDDEN = QuantizeGlobalScale.from_amax(3.0)
+GATE = ExpertQuantizeGlobalScales.from_amax(EXPERTS)
+EXPERT_3 = "model.layers.0.mlp.experts.3"
+LINEAR = LinearBlockScales.from_checkpoint(torch.ones(2, 256, 8).to(torch.float8_e4m3fn))
+
+
+def fp8_layer() -> Fp8MoeWeights:
+    gen = torch.Generator().manual_seed(0)
+    return Fp8MoeWeights(
+        w13=Fp8GateUpWeights.quantize(torch.randn(2, 32, 16, generator=gen)),
+        w2=Fp8ExpertWeights.quantize(torch.randn(2, 16, 16, generator=gen)),
+        w13_input_scale=Fp8TensorScale.from_amax(3.0),
+        w2_input_scale=Fp8TensorScale.from_amax(1.0),
+    )
+
+
+SCALES: dict[str, tuple[object, tuple[str, ...]]] = {
+    "QuantizeGlobalScale": (HIDDEN, ("value", "_value")),
+    "DequantizeGlobalScale": (DequantizeGlobalScale.from_amax(3.0), ("value", "_value")),
+    "ExpertQuantizeGlobalScales": (GATE, ("value", "_value")),
+    "ExpertDequantizeGlobalScales": (ExpertDequantizeGlobalScales.from_amax(EXPERTS), ("value", "_value")),
+    "Fp8TensorScale": (Fp8TensorScale.from_amax(3.0), ("value", "_value")),
+    "ExpertFp8Scales": (ExpertFp8Scales.from_amax(EXPERTS), ("value", "_value")),
+    "Fp8ChannelScales": (Fp8ChannelScales.from_amax(torch.ones(2, 4)), ("value", "_value")),
+    "Fp8BlockScales": (Fp8BlockScales.from_checkpoint(torch.ones(2, 1, 1)), ("value", "_value")),
+    "LinearBlockScales": (LINEAR, ("data", "_data")),
+    "SwizzledBlockScales": (LINEAR.swizzle(), ("tiles", "_tiles", "rows", "_rows", "blocks", "_blocks", "data")),
+    "Fc1GateScalars": (Fc1GateScalars.from_global_scales(gate=GATE, hidden_states=HIDDEN), ("value", "_value")),
+    "Fc1UpScalars": (
+        Fc1UpScalars.from_global_scales(up=GATE, hidden_states=HIDDEN, activation=HIDDEN), ("value", "_value")
+    ),
+    "Fc2OutputScalars": (Fc2OutputScalars.from_global_scales(w2=GATE, activation=HIDDEN), ("value", "_value")),
+    "CutlassAlphas": (CutlassAlphas.from_global_scales(weights=GATE, inputs=HIDDEN), ("value", "_value")),
+    "CutlassActivationScales": (CutlassActivationScales.uniform(HIDDEN, num_experts=2), ("value", "_value")),
+    "CutlassFp8Dequant": (
+        CutlassFp8Dequant.from_scales(weights=ExpertFp8Scales.from_amax(EXPERTS), inputs=Fp8TensorScale.from_amax(1.0)),
+        ("value", "_value"),
+    ),
+    "TritonFp8Weights": (TritonFp8Weights.from_fp8(fp8_layer()), ("activations", "w13", "accumulation")),
+}
+
+
+EVOLVE: Callable[..., object] = attrs.evolve
+"""``attrs.evolve`` with its plugin's checks bypassed, as an untyped caller meets it."""
+
+
+def spellings(instance: object, fields: tuple[str, ...]) -> dict[str, Callable[[], object]]:
+    """Every way a tensor could reach ``instance``'s class from outside: positional, each field's name and private
+    alias as a keyword, ``attrs.evolve`` by each, and the bare call."""
+    build: Callable[..., object] = type(instance)
+    tensor = torch.ones(1)
+
+    def by_keyword(field: str) -> Callable[[], object]:
+        return lambda: build(**{field: tensor})
+
+    def by_evolve(field: str) -> Callable[[], object]:
+        return lambda: EVOLVE(instance, **{field: tensor})
+
+    calls: dict[str, Callable[[], object]] = {"positional": lambda: build(tensor), "no arguments": lambda: build()}
+    for field in fields:
+        calls[f"keyword {field}="] = by_keyword(field)
+        calls[f"evolve {field}="] = by_evolve(field)
+    calls["evolve"] = lambda: EVOLVE(instance)
+    return calls
+
+
+CASES = [
+    pytest.param(call, id=f"{name}: {spelling}")
+    for name, (instance, fields) in SCALES.items()
+    for spelling, call in spellings(instance, fields).items()
+]
+
+
+@pytest.mark.parametrize("call", CASES)
+def test_no_spelling_reaches_a_raw_constructor(call: Callable[[], object]) -> None:
+    with pytest.raises(TypeError, match="takes no arguments|unexpected keyword argument|positional argument"):
+        call()
+
+
+def test_the_bare_call_names_the_constructors() -> None:
+    with pytest.raises(TypeError, match=r"QuantizeGlobalScale\(\) takes no arguments: .*\(from_amax, from_checkpoint, "):
+        QuantizeGlobalScale()
+    with pytest.raises(TypeError, match=r"through LinearBlockScales.swizzle"):
+        attrs.evolve(LINEAR.swizzle())
+    with pytest.raises(TypeError, match=r"CutlassActivationScales\(\) .*\(folding_up_ratio, uniform\)"):
+        EVOLVE(SCALES["CutlassActivationScales"][0])
+
+
+def test_swizzled_bytes_are_no_public_tensor() -> None:
+    """At 256 rows and 8 blocks the tiles have the linear shape: nothing public hands them to ``from_checkpoint``."""
+    swizzled = LINEAR.swizzle()
+    assert swizzled.shape == tuple(LINEAR.data.shape) == (2, 256, 8)
+    assert not hasattr(swizzled, "data") and not hasattr(swizzled, "tiles")
+    assert torch.equal(swizzled.unswizzle().data.view(torch.uint8), LINEAR.data.view(torch.uint8))
+
+
+def test_triton_fp8_activations_follow_the_format() -> None:
+    static = TritonFp8Weights.from_fp8(fp8_layer())
+    assert isinstance(static.activations, StaticFp8Activations)
+    fast = static.with_accumulation(Fp8Accumulation.TENSOR_CORE)
+    assert fast.activations is static.activations and fast.accumulation is Fp8Accumulation.TENSOR_CORE
+    with pytest.raises(TypeError, match="TritonFp8Weights.accumulation: expected an Fp8Accumulation"):
+        static.with_accumulation("tensor-core")  # type: ignore[arg-type]  # the run-time check under test
+    assert isinstance(SCALES["TritonFp8Weights"][0], TritonFp8Weights)
+    assert DynamicFp8Activations() == DynamicFp8Activations()
+
+
+def test_no_route_is_a_key_nor_hands_one_out() -> None:
+    """``isinstance(choice, BackendKey)`` is never true of a candidate, and a ``Route`` keeps its key private."""
+    for route in candidates(NVFP4):
+        assert not hasattr(route, "key") and not hasattr(route, "conversion") and not hasattr(route, "quant_info")
+
+
+COMPRESSED_TENSORS_VALUES = {"weight_global_scale": 2.1e4, "input_global_scale": 632.0}
+"""The low ends of compressed-tensors' quantize-side values in real files (up to 4e7 and 7e9)."""
+MODELOPT_VALUES = {"weight_scale_2": 3e-5, "input_scale": 2e-3}
+"""ModelOpt's dequantize-side values in real files (input_scale 1e-4 to 2e-3)."""
+
+
+@pytest.mark.parametrize(("name", "value"), MODELOPT_VALUES.items())
+def test_quantize_side_factories_refuse_a_dequantize_side_value(name: str, value: float) -> None:
+    per_expert = torch.tensor([value, value * 1.5])
+    match = r"expected quantize-side, .* got .* at expert 0, a value of the other side \(dequantize-side"
+    with pytest.raises(ValueError, match=f"ExpertQuantizeGlobalScales.from_checkpoint: {match}"):
+        ExpertQuantizeGlobalScales.from_checkpoint(per_expert)
+    with pytest.raises(ValueError, match=f"QuantizeGlobalScale.from_checkpoint: {match}"):
+        QuantizeGlobalScale.from_checkpoint(per_expert, policy=ExpertScalePolicy.CONSERVATIVE)
+    assert DequantizeGlobalScale.from_checkpoint(per_expert, policy=ExpertScalePolicy.CONSERVATIVE).item() > 0
+
+
+@pytest.mark.parametrize(("name", "value"), COMPRESSED_TENSORS_VALUES.items())
+def test_dequantize_side_factories_refuse_a_quantize_side_value(name: str, value: float) -> None:
+    gate_up = torch.full((4, 2), 1e-3)
+    gate_up[2, 1] = value
+    match = r"expected dequantize-side, .* got .* at expert 2{}, a value of the other side \(quantize-side"
+    with pytest.raises(ValueError, match="DequantizeGlobalScale.from_checkpoint: " + match.format(", shard 1")):
+        DequantizeGlobalScale.from_checkpoint(gate_up, policy=ExpertScalePolicy.CONSERVATIVE)
+    with pytest.raises(ValueError, match="ExpertDequantizeGlobalScales.from_checkpoint: " + match.format("")):
+        ExpertDequantizeGlobalScales.from_checkpoint(gate_up[:, 1].contiguous())
+    assert ExpertQuantizeGlobalScales.from_checkpoint(torch.full((4,), value)).num_experts == 4
+
+
+def test_one_reads_the_same_in_both_conventions_and_passes() -> None:
+    """compressed-tensors writes 1.0 for an expert calibration never reached; its reciprocal is itself."""
+    ones = torch.ones(3)
+    assert ExpertQuantizeGlobalScales.from_checkpoint(ones).num_experts == 3
+    assert ExpertDequantizeGlobalScales.from_checkpoint(ones).num_experts == 3
+
+
+def test_fp8_scales_have_no_side() -> None:
+    """FP8 has one convention (dequantize side) and scales above 1 are real (an amax above 448): no range check."""
+    assert Fp8TensorScale.from_checkpoint(torch.tensor([3.0]), policy=ExpertScalePolicy.REQUIRE_EQUAL).item() == 3.0
+    assert ExpertFp8Scales.from_checkpoint(torch.tensor([3.0, 1e-4])).num_experts == 2
+
+
+def test_per_channel_codes_under_collapsed_scales_are_refused(gen: torch.Generator) -> None:
+    """Per-channel scales collapsed to one per expert, the codes kept: every row reaches +-448, which per-tensor codes
+    of a real matrix never do (only rows near the matrix's amax reach it)."""
+    w = torch.randn(3, 64, 128, generator=gen) * torch.logspace(-1, 1, 64)[None, :, None]
+    channel = Fp8ChannelExpertWeights.quantize(w)
+    collapsed = ExpertFp8Scales.from_checkpoint(channel.scales.value.amax(dim=1))
+    with pytest.raises(ValueError, match="Fp8ExpertWeights.codes: expected per-tensor codes, got every row of all 3"):
+        Fp8ExpertWeights(channel.codes, collapsed)
+    assert Fp8ExpertWeights.quantize(w).shape == (3, 64, 128)
+    few = Fp8ChannelExpertWeights.quantize(w[:, : PER_CHANNEL_EVIDENCE_ROWS - 1])
+    assert Fp8ExpertWeights(few.codes, ExpertFp8Scales.from_checkpoint(few.scales.value.amax(dim=1))).shape[1] == 15
+
+
+def test_a_modelopt_scale_read_as_compressed_tensors_is_refused_at_load(tmp_path: Path) -> None:
+    """ModelOpt's ``weight_scale_2`` (dequantize side) where compressed-tensors' ``weight_global_scale`` belongs: the
+    layer is refused as it loads, naming the convention, not run to an all-zero output."""
+    directory = copy_checkpoint(CT_NVFP4, tmp_path / "checkpoint")
+    modelopt = read_tensors(MODELOPT)
+    rewrite_tensor(directory, f"{EXPERT_3}.up_proj.weight_global_scale", modelopt[f"{EXPERT_3}.up_proj.weight_scale_2"])
+    match = r"ExpertQuantizeGlobalScales.from_checkpoint: expected quantize-side, .* at expert 3"
+    with pytest.raises(ValueError, match=match):
+        MoeCheckpoint(directory).load_layer(0)
+
+
+def test_a_tensor_under_another_projection_is_refused_by_its_shape(tmp_path: Path) -> None:
+    """Roles come from the checkpoint's names: ``down_proj``'s codes under ``up_proj`` are refused by their
+    ``[hidden, intermediate / 2]`` shape (H != I). Gate and up, and the two input scales, share their shapes and
+    their ranges: a swap of those is not separable by value (see the report)."""
+    directory = copy_checkpoint(CT_NVFP4, tmp_path / "checkpoint")
+    tensors = read_tensors(CT_NVFP4)
+    rewrite_tensor(directory, f"{EXPERT_3}.up_proj.weight_packed", tensors[f"{EXPERT_3}.down_proj.weight_packed"])
+    with pytest.raises(ValueError, match=re.escape(f"{EXPERT_3}.up_proj.weight_packed: expected shape")):
+        MoeCheckpoint(directory).load_layer(0)
