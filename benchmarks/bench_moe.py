@@ -4,7 +4,7 @@ Run from the repository root (any CUDA GPU)::
 
     python benchmarks/bench_moe.py [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096,8192]
         [--backends triton-dense,triton-fp8,triton-fp8-channel,triton-fp8-block,triton-nvfp4-w4a16,
-                    flashinfer-cutlass-bf16,flashinfer-cutlass-fp8]
+                    triton-nvfp4-w4a16-paths,flashinfer-cutlass-bf16,flashinfer-cutlass-fp8]
 
 The FlashInfer CUTLASS rows run where their backend is available (FlashInfer
 installed, SM90 or later), autotuned at each token count before they are
@@ -12,7 +12,9 @@ timed. FP8 is W8A8 of the same weights: per tensor with static input scales
 calibrated on a separate random batch of 64 tokens (``triton-fp8``,
 ``flashinfer-cutlass-fp8``), or per channel with dynamic per-token scales
 (``triton-fp8-channel``), or per 128x128 block with per-token 1x128 groups
-(``triton-fp8-block``); ``triton-fp8`` also runs with
+(``triton-fp8-block``). ``triton-nvfp4-w4a16-paths`` times both NVFP4 W4A16 paths at every token count, the
+fused kernel and the weights dequantized into a 16-bit workspace (the runner picks one by
+``configs.nvfp4_dequantizes``): their crossover. ``triton-fp8`` also runs with
 ``Fp8Accumulation.TENSOR_CORE`` (the FP8 MMAs never promoted to float32); its error is against the bf16 reference, so it
 includes FP8's own quantization error.
 
@@ -40,7 +42,6 @@ from collections.abc import Callable
 from typing import TypeVar
 from pathlib import Path
 
-import attrs
 import torch
 import torch.nn.functional as F
 
@@ -51,6 +52,7 @@ from moe_core import (  # noqa: E402
     FP8,
     DenseMoeWeights,
     DeviceSpec,
+    DispatchOutput,
     ExpertQuantizeGlobalScales,
     Fp8BlockExpertWeights,
     Fp8BlockMoeWeights,
@@ -73,6 +75,7 @@ from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16, FLASHI
 from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassFp8Weights  # noqa: E402
 from moe_core.backends.reference import REFERENCE_DENSE  # noqa: E402
 from moe_core.backends.triton import TRITON_DENSE, TRITON_FP8, TRITON_FP8_BLOCK, TRITON_NVFP4_W4A16  # noqa: E402
+from moe_core.backends.triton.configs import choose  # noqa: E402
 from moe_core.backends.triton.quant_info import (  # noqa: E402
     Fp8Accumulation,
     TritonDenseWeights,
@@ -80,6 +83,7 @@ from moe_core.backends.triton.quant_info import (  # noqa: E402
     TritonFp8Weights,
     TritonNvfp4W4A16Weights,
 )
+from moe_core.backends.triton.runner import fused_moe, nvfp4_w4a16_gemms  # noqa: E402
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights  # noqa: E402
 from moe_core.synthetic import quantize_fp8_layer  # noqa: E402
 
@@ -180,7 +184,7 @@ Fp8Stack = TypeVar("Fp8Stack", Fp8ChannelExpertWeights, Fp8BlockExpertWeights)
 def _fp8_in_chunks(kind: type[Fp8Stack], w: torch.Tensor, chunk: int = 16) -> Fp8Stack:
     """``kind.quantize(w)`` a few experts at a time (the quantizer's float32 temporaries are 2x the bf16 weights)."""
     parts = [kind.quantize(w[i : i + chunk]) for i in range(0, w.shape[0], chunk)]
-    scales = type(parts[0].scales)(_value=torch.cat([p.scales.value for p in parts]))
+    scales = type(parts[0].scales).from_checkpoint(torch.cat([p.scales.value for p in parts]))
     return kind(torch.cat([p.codes for p in parts]), scales)
 
 
@@ -224,14 +228,30 @@ def row(
 
 
 BACKENDS = (
-    "triton-dense", "triton-fp8", "triton-fp8-channel", "triton-fp8-block", "triton-nvfp4-w4a16", "flashinfer-cutlass-bf16",
-    "flashinfer-cutlass-fp8",
+    "triton-dense", "triton-fp8", "triton-fp8-channel", "triton-fp8-block", "triton-nvfp4-w4a16", "triton-nvfp4-w4a16-paths",
+    "flashinfer-cutlass-bf16", "flashinfer-cutlass-fp8",
 )
 """What ``--backends`` chooses from; ``torch._grouped_mm`` always runs (it is the baseline)."""
 
 
 Bench = tuple[MoeForward, float, bool, bool]
 """A bound runner, bytes per weight, whether to autotune first, whether its roofline uses the FP8 rate."""
+
+
+def nvfp4_path(config: MoeRunnerConfig, weights: TritonNvfp4W4A16Weights, dequantize: bool) -> MoeForward:
+    """The NVFP4 W4A16 runner's fused path, or its dequantize-then-16-bit path, at any token count."""
+    device = torch.cuda.get_device_name(weights.device)
+
+    def forward(dispatch: DispatchOutput) -> torch.Tensor:
+        hidden = dispatch.hidden_states
+        fmt = ("bf16" if hidden.dtype == torch.bfloat16 else "fp16") if dequantize else "nvfp4"
+        w13, w2 = choose(
+            device, int(hidden.shape[0]), config.top_k, config.num_local_experts, config.hidden_size,
+            config.intermediate_size_per_partition, fmt, False,
+        )
+        return fused_moe(config, dispatch, *nvfp4_w4a16_gemms(weights, w13, w2, dequantize=dequantize))
+
+    return forward
 
 
 def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, backends: list[str]) -> dict[str, Bench]:
@@ -242,7 +262,7 @@ def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, ba
     if "triton-fp8" in backends:
         fp8_weights = TritonFp8Weights.from_fp8(fp8_layer(config, w13, w2))
         runners["triton fp8 static"] = (TRITON_FP8.bind(config, fp8_weights), 1.0, False, True)
-        fast = attrs.evolve(fp8_weights, accumulation=Fp8Accumulation.TENSOR_CORE)
+        fast = fp8_weights.with_accumulation(Fp8Accumulation.TENSOR_CORE)
         runners["triton fp8 static, tensor-core acc"] = (TRITON_FP8.bind(config, fast), 1.0, False, True)
     if "triton-fp8-channel" in backends:
         channel = TritonFp8Weights.from_fp8_channel(fp8_channel_layer(w13, w2))
@@ -250,9 +270,13 @@ def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, ba
     if "triton-fp8-block" in backends:
         block = TritonFp8BlockWeights.from_fp8_block(fp8_block_layer(w13, w2))
         runners["triton fp8 block"] = (TRITON_FP8_BLOCK.bind(config, block), 1.0 + 1 / 128**2 * 4, False, True)
-    if "triton-nvfp4-w4a16" in backends:
+    if "triton-nvfp4-w4a16" in backends or "triton-nvfp4-w4a16-paths" in backends:
         nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2).without_activation_quantization())
-        runners["triton nvfp4 w4a16"] = (TRITON_NVFP4_W4A16.bind(config, nvfp4), 0.5 + 1 / 16, False, False)
+        if "triton-nvfp4-w4a16" in backends:
+            runners["triton nvfp4 w4a16"] = (TRITON_NVFP4_W4A16.bind(config, nvfp4), 0.5 + 1 / 16, False, False)
+        if "triton-nvfp4-w4a16-paths" in backends:
+            runners["triton nvfp4 w4a16 fused"] = (nvfp4_path(config, nvfp4, False), 0.5 + 1 / 16, False, False)
+            runners["triton nvfp4 w4a16 dequantized"] = (nvfp4_path(config, nvfp4, True), 0.5 + 1 / 16, False, False)
     if "flashinfer-cutlass-bf16" in backends:
         verdict = FLASHINFER_CUTLASS_BF16.supports(DeviceSpec.of(w13.device), LayerSpec(config, DENSE))
         if verdict.ok:

@@ -56,10 +56,15 @@ from moe_core.backends.triton.sorting import sort_tokens  # noqa: E402
 
 def candidates(rows_per_expert: float, k: int, fmt: str) -> dict[int, list[KernelConfig]]:
     """Candidate configs by row block, narrowed to the regime (decode, middle, prefill)."""
+    stages = [3, 4]
     if rows_per_expert <= DECODE_ROWS / 2:
-        block_ms, block_ns, block_ks, warps = [16], [64, 128], [128, 256], [4]
+        # NVFP4 decodes its weights with the ALUs: narrower tiles put more programs on the SMs (H200, T=1: 64 stayed best)
+        block_ms, block_ns, block_ks, warps = [16], [32, 64, 128] if fmt == "nvfp4" else [64, 128], [128, 256], [4]
     elif rows_per_expert <= DECODE_ROWS:
         block_ms, block_ns, block_ks, warps = [16, 32], [64, 128], [128, 256], [4]
+    elif rows_per_expert <= 128 and fmt in ("bf16", "fp16"):
+        # weight-bound 16-bit tiles: 8 warps and deeper K tiles too (Mixtral T=256 ran at 60% of the copy rate)
+        block_ms, block_ns, block_ks, warps, stages = [16, 64], [64, 128], [64, 128], [4, 8], [4]
     elif rows_per_expert <= 128:
         block_ms, block_ns, block_ks, warps = [16, 64], [64, 128], [128, 256] if fmt == "fp8" else [64, 128], [4]
     elif fmt == "fp8":
@@ -67,14 +72,14 @@ def candidates(rows_per_expert: float, k: int, fmt: str) -> dict[int, list[Kerne
     elif fmt == "fp8-block":
         block_ms, block_ns, block_ks, warps = [64, 128], [64, 128], [128], [4, 8]
     else:
-        block_ms, block_ns, block_ks, warps = [64, 128], [128], [64], [4, 8]
+        block_ms, block_ns, block_ks, warps = [64, 128], [64, 128], [64], [4, 8]
     if fmt == "fp8-block":
         block_ks = [min(block_k, FP8_BLOCK) for block_k in block_ks]  # a tile stays inside its 128 block
     out: dict[int, list[KernelConfig]] = {}
     for block_m in block_ms:
         out[block_m] = [
             KernelConfig(block_m, block_n, block_k, 8 if block_m > 16 else 1, warp, stage)
-            for block_n, block_k, warp, stage in itertools.product(block_ns, sorted(set(block_ks)), warps, [3, 4])
+            for block_n, block_k, warp, stage in itertools.product(block_ns, sorted(set(block_ks)), warps, stages)
             if k % block_k == 0
         ]
     return out

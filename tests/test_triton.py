@@ -37,8 +37,6 @@ import math
 import pytest
 import torch
 
-import attrs
-
 from moe_core import (
     Activation,
     DenseMoeWeights,
@@ -60,7 +58,7 @@ from moe_core.backends.reference import (
     REFERENCE_FP8_CHANNEL,
     REFERENCE_NVFP4_W4A16,
 )
-from moe_core.backends.triton import TRITON_DENSE, TRITON_FP8, TRITON_FP8_BLOCK, TRITON_NVFP4_W4A16
+from moe_core.backends.triton import TRITON_DENSE, TRITON_FP8, TRITON_FP8_BLOCK, TRITON_NVFP4_W4A16, runner
 from moe_core.backends.triton.quant_info import (
     DynamicFp8Activations,
     StaticFp8Activations,
@@ -70,10 +68,12 @@ from moe_core.backends.triton.quant_info import (
     TritonNvfp4W4A16Weights,
 )
 from moe_core.backends.triton.quantize import quantize_fp8_groups, quantize_fp8_rows
+from moe_core.backends.triton.runner import dequantize_nvfp4
 from moe_core.backends.triton.sorting import sort_tokens
 from moe_core.check import relative_error
 from moe_core.float64_moe import float64_moe
 from moe_core.fp8 import MIN_DYNAMIC_SCALE, dynamic_fp8_scales, fake_quantize_fp8, group_fp8_scales, quantize_fp8
+from moe_core.nvfp4 import Nvfp4ExpertWeights, decode_e2m1, unpack_e2m1
 from moe_core.synthetic import quantize_fp8_block_layer, quantize_fp8_channel_layer, quantize_fp8_layer, quantize_nvfp4_layer
 
 CUDA = torch.cuda.is_available()
@@ -152,6 +152,37 @@ def test_nvfp4_w4a16_matches_reference(gen: torch.Generator, shape: tuple[int, .
     assert relative_error(out, expected) < TOLERANCE[dtype]
 
 
+def test_nvfp4_dequantize_is_exact(gen: torch.Generator) -> None:
+    """The prefill path's workspace: each code times its block scale, exactly, in every activation dtype."""
+    weights = Nvfp4ExpertWeights.quantize(torch.randn(3, 40, 176, generator=gen).to(DEVICE))  # 88 bytes: a partial tile
+    expected = (
+        decode_e2m1(unpack_e2m1(weights.packed)).reshape(3, 40, 11, 16) * weights.block_scales.data.float()[..., None]
+    ).reshape(3, 40, 176)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        out = dequantize_nvfp4(weights.packed, weights.block_scales.data, dtype)
+        assert out.dtype == dtype and torch.equal(out.float(), expected)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_nvfp4_w4a16_dequantized_path_matches_reference(
+    gen: torch.Generator, shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefill's path (weights expanded into a 16-bit workspace, global scales on the accumulator) at any token count:
+    within the 16-bit tolerance of the reference and of the fused kernel (the same products, summed in another order)."""
+    dtype = DTYPES[0]
+    config, dense, dispatch = make_layer(gen, shape, dtype)
+    w4a4 = quantize_nvfp4_layer(config, DenseMoeWeights(w13=dense.w13.float(), w2=dense.w2.float()), dispatch)
+    weights = w4a4.without_activation_quantization()
+    kernel_weights = TritonNvfp4W4A16Weights.from_nvfp4(weights)
+    monkeypatch.setattr(runner, "nvfp4_dequantizes", lambda *_: False)
+    fused = create_runner(TRITON_NVFP4_W4A16, config).run(dispatch, kernel_weights)
+    monkeypatch.setattr(runner, "nvfp4_dequantizes", lambda *_: True)
+    out = create_runner(TRITON_NVFP4_W4A16, config).run(dispatch, kernel_weights)
+    expected = create_runner(REFERENCE_NVFP4_W4A16, config).run(dispatch, weights)
+    assert relative_error(out, expected) < TOLERANCE[dtype]
+    assert relative_error(out, fused) < TOLERANCE[dtype]
+
+
 def fp8_layers(
     gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype
 ) -> tuple[MoeRunnerConfig, StandardDispatchOutput, DenseMoeWeights]:
@@ -182,11 +213,19 @@ def test_fp8_per_channel_dynamic_matches_reference(gen: torch.Generator, shape: 
     assert relative_error(out, expected) < FP8_DYNAMIC_TOLERANCE[dtype]
 
 
+def repaired(weights: TritonFp8Weights, activations: StaticFp8Activations | DynamicFp8Activations) -> TritonFp8Weights:
+    """``weights`` with another activations' scheme than their format's, through the private builder: no public path
+    pairs them so (a checkpoint run so computes another layer), but the kernel runs every pairing, checked here."""
+    return TritonFp8Weights._of(
+        w13=weights.w13, w13_scales=weights.w13_scales, w2=weights.w2, w2_scales=weights.w2_scales, activations=activations
+    )
+
+
 def test_fp8_per_tensor_weights_with_dynamic_activations(gen: torch.Generator) -> None:
     """The other pairing: per-tensor weight scales (each half its own) with per-token activation scales."""
     config, dispatch, dense = fp8_layers(gen, SHAPES[1], torch.float32)
     weights = quantize_fp8_layer(config, dense, dispatch)
-    kernel_weights = attrs.evolve(TritonFp8Weights.from_fp8(weights), activations=DynamicFp8Activations())
+    kernel_weights = repaired(TritonFp8Weights.from_fp8(weights), DynamicFp8Activations())
     channel = Fp8ChannelMoeWeights(
         w13=Fp8ChannelExpertWeights(kernel_weights.w13, kernel_weights.w13_scales),
         w2=Fp8ChannelExpertWeights(kernel_weights.w2, kernel_weights.w2_scales),
@@ -202,7 +241,7 @@ def test_fp8_per_channel_weights_with_static_activations(gen: torch.Generator) -
     scales = quantize_fp8_layer(config, dense, dispatch)
     channel = quantize_fp8_channel_layer(config, dense, dispatch)
     static = StaticFp8Activations(w13_input_scale=scales.w13_input_scale, w2_input_scale=scales.w2_input_scale)
-    kernel_weights = attrs.evolve(TritonFp8Weights.from_fp8_channel(channel), activations=static)
+    kernel_weights = repaired(TritonFp8Weights.from_fp8_channel(channel), static)
     out = create_runner(TRITON_FP8, config).run(dispatch, kernel_weights)
     on_cpu = (static.w13_input_scale.to("cpu"), static.w2_input_scale.to("cpu"))
     expected = float64_moe(
@@ -254,8 +293,8 @@ def test_fp8_block_refuses_sizes_off_the_128_grid(gen: torch.Generator) -> None:
     codes = torch.randn(2, 192, 128, generator=gen).to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="expected dimensions that are multiples of 128, got \\(192, 128\\)"):
         TritonFp8BlockWeights(
-            w13=codes, w13_scales=Fp8BlockScales(_value=torch.ones(2, 2, 1)),
-            w2=torch.randn(2, 128, 96, generator=gen).to(torch.float8_e4m3fn), w2_scales=Fp8BlockScales(_value=torch.ones(2, 1, 1)),
+            w13=codes, w13_scales=Fp8BlockScales.from_checkpoint(torch.ones(2, 2, 1)),
+            w2=torch.randn(2, 128, 96, generator=gen).to(torch.float8_e4m3fn), w2_scales=Fp8BlockScales.from_checkpoint(torch.ones(2, 1, 1)),
         )
 
 
@@ -319,14 +358,19 @@ def bound_forward(fmt: str, config: MoeRunnerConfig, weights: DenseMoeWeights, d
         return TRITON_FP8.bind(config, TritonFp8Weights.from_fp8(quantize_fp8_layer(config, dense, dispatch)))
     if fmt == "fp8-dynamic":
         return TRITON_FP8.bind(config, TritonFp8Weights.from_fp8_channel(quantize_fp8_channel_layer(config, dense, dispatch)))
+    if fmt == "nvfp4-w4a16":
+        nvfp4 = quantize_nvfp4_layer(config, dense, dispatch).without_activation_quantization()
+        return TRITON_NVFP4_W4A16.bind(config, TritonNvfp4W4A16Weights.from_nvfp4(nvfp4))
     return TRITON_FP8_BLOCK.bind(config, TritonFp8BlockWeights.from_fp8_block(quantize_fp8_block_layer(config, dense, dispatch)))
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA graphs")
-@pytest.mark.parametrize("fmt", ["dense", "fp8-static", "fp8-dynamic", "fp8-block"])
-def test_forward_is_captured_and_replayed_in_a_cuda_graph(gen: torch.Generator, fmt: str) -> None:
+@pytest.mark.parametrize("fmt", ["dense", "fp8-static", "fp8-dynamic", "fp8-block", "nvfp4-w4a16", "nvfp4-w4a16-dequantized"])
+def test_forward_is_captured_and_replayed_in_a_cuda_graph(gen: torch.Generator, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if fmt == "nvfp4-w4a16-dequantized":  # the workspace allocated inside the capture
+        monkeypatch.setattr(runner, "nvfp4_dequantizes", lambda *_: True)
     config, weights, dispatch = make_layer(gen, (16, 64, 8, 2048, 768, 64, 0), torch.bfloat16)
-    forward_of = bound_forward(fmt, config, weights, dispatch)
+    forward_of = bound_forward(fmt.removesuffix("-dequantized"), config, weights, dispatch)
     static_x = dispatch.hidden_states.clone()
     static_ids, static_w = dispatch.topk.topk_ids.clone(), dispatch.topk.topk_weights.clone()
 

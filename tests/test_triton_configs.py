@@ -7,7 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from moe_core.backends.triton.configs import CONFIG_DIR, CONFIG_DIR_VARIABLE, KernelConfig, choose, device_file, heuristic, layer_key
+from moe_core.backends.triton.configs import (
+    CONFIG_DIR,
+    CONFIG_DIR_VARIABLE,
+    NVFP4_DEQUANTIZE_ROWS,
+    KernelConfig,
+    choose,
+    crossover_file,
+    device_file,
+    heuristic,
+    layer_key,
+    nvfp4_dequantizes,
+)
 
 W13 = KernelConfig(32, 128, 64, 8, 8, 5)
 W2 = KernelConfig(32, 64, 128, 4, 4, 2)
@@ -46,3 +57,28 @@ def test_heuristic_row_blocks_hold_an_experts_decode_rows(tokens: int, block_m: 
     for fmt in ("bf16", "fp8", "fp8-block", "nvfp4"):
         for config in heuristic(tokens, 2, 8, 4096, 14336, fmt, False):
             assert (config.block_m, config.group_m) == (block_m, group_m)
+
+
+def test_nvfp4_crossover_is_read_per_layer_with_the_rows_heuristic_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A measured crossover (rows per expert) decides its layer's NVFP4 W4A16 path; other layers and the interpreter
+    take :data:`NVFP4_DEQUANTIZE_ROWS`."""
+    monkeypatch.setenv(CONFIG_DIR_VARIABLE, str(tmp_path))
+    device = "Test GPU crossovers"
+    assert crossover_file(device) == tmp_path / "Test_GPU_crossovers.nvfp4_dequantize.json"
+    crossover_file(device).write_text(json.dumps({layer_key(128, 2048, 768, 8, "nvfp4"): {"rows_per_expert": 128}}))
+    qwen3 = (8, 128, 2048, 768)
+    assert not nvfp4_dequantizes(device, 1024, *qwen3, False)  # 64 rows per expert: under the measured 128
+    assert nvfp4_dequantizes(device, 2048, *qwen3, False)
+    assert nvfp4_dequantizes(device, 1024, *qwen3, True)  # the interpreter: the heuristic's 32
+    mixtral = (2, 8, 4096, 14336)
+    assert not nvfp4_dequantizes(device, 64, *mixtral, False) and nvfp4_dequantizes(device, 128, *mixtral, False)
+    assert NVFP4_DEQUANTIZE_ROWS == 32
+
+
+def test_committed_crossovers_name_tuned_layers() -> None:
+    data = json.loads((CONFIG_DIR / "NVIDIA_H200.nvfp4_dequantize.json").read_text())
+    tuned = json.loads((CONFIG_DIR / "NVIDIA_H200.json").read_text())
+    for key, entry in data.items():
+        assert key in tuned and key.endswith(",nvfp4") and int(entry["rows_per_expert"]) > 0

@@ -8,7 +8,10 @@ are sorted once); a call takes the entry of the nearest tuned token count
 within one doubling (:data:`MAX_TUNED_DISTANCE`).
 Untuned shapes and devices use :func:`heuristic`. ``MOE_CORE_TRITON_CONFIGS``
 names another directory of such tables (an engine's own tuning, or a tuning
-run's output), read instead of the package's.
+run's output), read instead of the package's. Beside each table,
+``<device>.nvfp4_dequantize.json`` holds the measured token counts (as rows per
+expert) from which NVFP4 W4A16 dequantizes into a workspace
+(:func:`nvfp4_dequantizes`).
 """
 
 from __future__ import annotations
@@ -89,6 +92,42 @@ DECODE_ROWS = 16
 """Up to this many rows per expert on average a GEMM reads weights, not computes. From half of it, routing puts more
 than 16 rows on most experts: 16-row blocks would read their weights twice, so 32-row blocks, the blocks of one
 expert side by side (``group_m``); seen on the H200 at Mixtral T=64: 0.969 -> 0.658 ms bf16, 0.519 -> 0.399 FP8."""
+
+
+NVFP4_DEQUANTIZE_ROWS = 32
+"""Untuned shapes: from this many rows per local expert on average, NVFP4 W4A16 expands its weights into a 16-bit
+workspace (one pass, 2.56 bytes moved per weight) and runs the 16-bit kernels, instead of decoding every weight tile
+again in each row block of the fused kernel. Mixtral's crossover on the H200 (16-32 rows per expert)."""
+
+
+def crossover_file(device_name: str) -> Path:
+    """The measured NVFP4 W4A16 crossovers' path beside the device's tuned table: ``{layer key: {"rows_per_expert":
+    n, ...}}``, each from ``benchmarks/bench_moe.py --backends triton-nvfp4-w4a16-paths`` on that device."""
+    table = device_file(device_name)
+    return table.with_name(table.stem + ".nvfp4_dequantize.json")
+
+
+@functools.cache
+def _crossovers(device_name: str) -> dict[str, int]:
+    path = crossover_file(device_name)
+    if not path.exists():
+        return {}
+    data: dict[str, dict[str, object]] = json.loads(path.read_text())
+    return {key: int(str(entry["rows_per_expert"])) for key, entry in data.items()}
+
+
+def nvfp4_dequantizes(
+    device_name: str, tokens: int, top_k: int, experts: int, hidden: int, inter: int, interpreted: bool
+) -> bool:
+    """Whether NVFP4 W4A16 takes the dequantize-then-16-bit path for ``tokens`` (prefill) over the fused one (decode).
+
+    The crossover depends on the shape, not only on rows per expert (on the
+    H200: Mixtral 16-32 rows per expert, Qwen3's E=128 I=768 64-256, whose
+    fused tiles run near its slow 16-bit ones): the device's measured one
+    for this layer (:func:`crossover_file`), else :data:`NVFP4_DEQUANTIZE_ROWS`.
+    """
+    measured = None if interpreted else _crossovers(device_name).get(layer_key(experts, hidden, inter, top_k, "nvfp4"))
+    return tokens * top_k >= (NVFP4_DEQUANTIZE_ROWS if measured is None else measured) * experts
 
 
 def heuristic(

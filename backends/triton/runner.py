@@ -15,8 +15,8 @@ import torch
 
 from moe_core import Activation, DispatchFormat, DispatchOutput, MoeRunnerConfig, check_run_inputs
 from moe_core.backends.triton import interpreted
-from moe_core.backends.triton.configs import KernelConfig, choose
-from moe_core.backends.triton.kernels import GELU, SILU, combine_kernel, moe_gemm_kernel
+from moe_core.backends.triton.configs import KernelConfig, choose, nvfp4_dequantizes
+from moe_core.backends.triton.kernels import GELU, SILU, combine_kernel, dequantize_nvfp4_kernel, moe_gemm_kernel
 from moe_core.backends.triton.quant_info import (
     Fp8Accumulation,
     Fp8Activations,
@@ -27,7 +27,7 @@ from moe_core.backends.triton.quant_info import (
     TritonNvfp4W4A16Weights,
 )
 from moe_core.backends.triton.quantize import LocalPairs, quantize_fp8_groups, quantize_fp8_rows
-from moe_core.backends.triton.sorting import SortedTokens, cdiv, sort_tokens
+from moe_core.backends.triton.sorting import SortedTokens, cdiv, next_power_of_2, sort_tokens
 
 COMBINE_BLOCK = 1024
 """Hidden columns per combine program."""
@@ -54,6 +54,33 @@ class Gemm:
     config: KernelConfig
     promote: bool = True
     """FP8: add the MMAs into the float32 accumulator every K tile (see :class:`~.quant_info.Fp8Accumulation`)."""
+    dequantize: bool = False
+    """NVFP4: expand ``B`` to the activations' dtype in one pass (:func:`dequantize_nvfp4`) and run the 16-bit
+    kernel on that workspace; the global scales stay on the accumulator."""
+
+
+DEQUANTIZE_ROWS, DEQUANTIZE_BYTES = 16, 256
+"""Rows and packed bytes per program of :func:`dequantize_nvfp4` on a GPU (the interpreter takes up to 64 rows)."""
+
+
+def dequantize_nvfp4(packed: torch.Tensor, block_scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Packed NVFP4 ``[E, rows, cols / 2]`` times its E4M3 block scales ``[E, rows, cols / 16]`` as ``[E, rows, cols]``
+    of ``dtype`` (exact in bf16 and fp16), without the global scales.
+
+    A workspace the size of the 16-bit weights, from the caching allocator:
+    for Mixtral's w13 (8 x 28672 x 4096) 1.9 GB; the two GEMMs take theirs in
+    turn, so the larger one is the peak.
+    """
+    experts, rows, packed_cols = (int(d) for d in packed.shape)
+    flat, scales = packed.reshape(experts * rows, packed_cols), block_scales.reshape(experts * rows, packed_cols // 8)
+    out = torch.empty((experts * rows, 2 * packed_cols), dtype=dtype, device=packed.device)
+    block_r = 64 if interpreted() else DEQUANTIZE_ROWS
+    block_c = min(DEQUANTIZE_BYTES, max(8, next_power_of_2(packed_cols)))
+    dequantize_nvfp4_kernel[(cdiv(experts * rows, block_r), cdiv(packed_cols, block_c))](
+        flat, scales, out, experts * rows, packed_cols, flat.stride(0), scales.stride(0), out.stride(0),
+        PTX=not interpreted(), BLOCK_R=block_r, BLOCK_C=block_c,
+    )
+    return out.view(experts, rows, 2 * packed_cols)
 
 
 def launch(
@@ -67,6 +94,8 @@ def launch(
     ``[1]`` for one static scale; with block-scaled ``B``, ``[rows, K / 128]``);
     ``out_scale`` quantizes the gated output to E4M3 (``out`` must then be E4M3).
     """
+    if gemm.dequantize and gemm.b_scales is not None:
+        gemm = attrs.evolve(gemm, b=dequantize_nvfp4(gemm.b, gemm.b_scales, a.dtype), b_scales=None, dequantize=False)
     config = gemm.config
     grid = (sorted_tokens.max_blocks * cdiv(gemm.n, config.block_n),)
     scales, dequant = gemm.b_scales, gemm.dequant
@@ -84,7 +113,8 @@ def launch(
         0 if dequant is None else (dequant.stride(0) if dequant.dim() > 1 else 1),
         dequant.stride(1) if dequant is not None and dequant.dim() > 1 else 0,
         a_scales.stride(0) if a_scales is not None and a_scales.shape[0] > 1 else 0, out.stride(0),
-        GATED=gated, NVFP4=scales is not None, FP8=fp8 and not blocks, FP8_BLOCKS=blocks, OUT_FP8=out_scale is not None,
+        GATED=gated, NVFP4=scales is not None, EXPERT_SCALES=not fp8 and scales is None and dequant is not None,
+        FP8=fp8 and not blocks, FP8_BLOCKS=blocks, OUT_FP8=out_scale is not None,
         PROMOTE=gemm.promote,
         ACTIVATION=activation,
         UPCAST=interpreted(),
@@ -140,7 +170,7 @@ def fused_moe(
     ids, weights = dispatch.topk.topk_ids, dispatch.topk.topk_weights.contiguous()
     tokens, top_k = ids.shape
     sorted_tokens = sort_tokens(ids, config.num_local_experts, config.local_expert_offset, w13.config.block_m)
-    activation = SILU if config.activation is Activation.SILU_GATED else GELU
+    activation = {Activation.SILU_GATED.value: SILU, Activation.GELU_GATED.value: GELU}[config.activation.value]
     static = fp8 if isinstance(fp8, StaticFp8Activations) else None
     x, x_scales = quantize_hidden(hidden.contiguous(), fp8)
     inter_dtype = torch.float8_e4m3fn if static is not None else hidden.dtype
@@ -173,12 +203,16 @@ def dense_gemms(quant_info: TritonDenseWeights, w13: KernelConfig, w2: KernelCon
     return Gemm(quant_info.w13, None, None, inter, hidden, w13), Gemm(quant_info.w2, None, None, hidden, inter, w2)
 
 
-def nvfp4_w4a16_gemms(quant_info: TritonNvfp4W4A16Weights, w13: KernelConfig, w2: KernelConfig) -> tuple[Gemm, Gemm]:
-    """The two GEMM launches of NVFP4 W4A16 weights under the given block sizes."""
+def nvfp4_w4a16_gemms(
+    quant_info: TritonNvfp4W4A16Weights, w13: KernelConfig, w2: KernelConfig, dequantize: bool = False
+) -> tuple[Gemm, Gemm]:
+    """The two GEMM launches of NVFP4 W4A16 weights under the given block sizes: fused (decoded per tile) or, with
+    ``dequantize``, each on its weights expanded into a 16-bit workspace first."""
     inter, hidden = quant_info.intermediate_size, quant_info.hidden_size
+    w13_scales, w2_scales = quant_info.w13_block_scales.data, quant_info.w2_block_scales.data
     return (
-        Gemm(quant_info.w13_packed, quant_info.w13_block_scales.data, quant_info.gate_up_dequant, inter, hidden, w13),
-        Gemm(quant_info.w2_packed, quant_info.w2_block_scales.data, quant_info.w2_scales.value, hidden, inter, w2),
+        Gemm(quant_info.w13_packed, w13_scales, quant_info.gate_up_dequant, inter, hidden, w13, dequantize=dequantize),
+        Gemm(quant_info.w2_packed, w2_scales, quant_info.w2_scales.value, hidden, inter, w2, dequantize=dequantize),
     )
 
 
@@ -218,14 +252,24 @@ class TritonDenseRunner:
 @final
 @attrs.frozen
 class TritonNvfp4W4A16Runner:
-    """NVFP4 weights with bf16/fp16 activations (W4A16), dequantized inside the fused Triton kernels."""
+    """NVFP4 weights with bf16/fp16 activations (W4A16): dequantized inside the fused Triton kernels at decode, into a
+    16-bit workspace for the 16-bit kernels from :func:`~.configs.nvfp4_dequantizes`' token count on."""
 
     config: MoeRunnerConfig
 
     def run(self, dispatch: DispatchOutput, quant_info: TritonNvfp4W4A16Weights, /) -> torch.Tensor:
         """The ``[T, H]`` MoE output in the activations' dtype."""
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
-        return fused_moe(self.config, dispatch, *nvfp4_w4a16_gemms(quant_info, *_configs(self.config, dispatch, "nvfp4")))
+        hidden, config = dispatch.hidden_states, self.config
+        if nvfp4_dequantizes(
+            _device_name(hidden.device), int(hidden.shape[0]), config.top_k, config.num_local_experts,
+            config.hidden_size, config.intermediate_size_per_partition, interpreted(),
+        ):
+            fmt = "bf16" if hidden.dtype == torch.bfloat16 else "fp16"
+            gemms = nvfp4_w4a16_gemms(quant_info, *_configs(self.config, dispatch, fmt), dequantize=True)
+        else:
+            gemms = nvfp4_w4a16_gemms(quant_info, *_configs(self.config, dispatch, "nvfp4"))
+        return fused_moe(self.config, dispatch, *gemms)
 
 
 @final
