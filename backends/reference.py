@@ -23,6 +23,7 @@ from moe_core.formats import (
     FP8,
     FP8_BLOCK_SCALED,
     FP8_CHANNEL,
+    MXFP4,
     NVFP4,
     NVFP4_W4A16,
     DenseMoeWeights,
@@ -33,6 +34,8 @@ from moe_core.formats import (
     Fp8ChannelRecipe,
     Fp8MoeWeights,
     Fp8Recipe,
+    Mxfp4MoeWeights,
+    Mxfp4Recipe,
     Nvfp4MoeWeights,
     Nvfp4Recipe,
     Nvfp4W4A16MoeWeights,
@@ -61,10 +64,11 @@ def reference_device_support(device: DeviceSpec) -> Support:
 
 def reference_supports(device: DeviceSpec, layer: LayerSpec) -> Support:
     """Any layer where torch computes (every activation and routing method: it computes them from the config, and
-    takes any top-k); expert biases and non-gated experts only in the dense format, whose weights hold them."""
+    takes any top-k); non-gated experts only in the dense format, expert biases in the formats whose weights hold
+    them (dense, MXFP4)."""
     reasons = []
     if layer.format is not DENSE:
-        if layer.config.expert_biases:
+        if layer.config.expert_biases and layer.format is not MXFP4:
             reasons.append(f"the {layer.format.name} weights hold no expert biases")
         if not layer.config.activation.gated:
             reasons.append(f"the {layer.format.name} weights are gated (w13 [E, 2I, H]), not {layer.config.activation.value}")
@@ -147,3 +151,13 @@ REFERENCE_NVFP4_W4A16: BackendKey[Nvfp4W4A16MoeWeights] = register_backend(
     conversions=[Conversion(NVFP4_W4A16, _as_is)],
 )
 """The oracle of the NVFP4 W4A16 format."""
+
+REFERENCE_MXFP4: BackendKey[Mxfp4MoeWeights] = register_backend(
+    "reference-mxfp4",
+    description="PyTorch, MXFP4 weights with unquantized activations (W4A16), expert biases, float32 math",
+    factory=_runner(Mxfp4Recipe()),
+    supports=reference_supports,
+    priority=ORACLE,
+    conversions=[Conversion(MXFP4, _as_is)],
+)
+"""The oracle of the MXFP4 format."""

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from moe_core.formats import Fp8BlockMoeWeights as Fp8BlockMoeWeights
     from moe_core.formats import Fp8ChannelMoeWeights as Fp8ChannelMoeWeights
     from moe_core.formats import Fp8MoeWeights as Fp8MoeWeights
+    from moe_core.formats import MXFP4 as MXFP4
+    from moe_core.formats import Mxfp4MoeWeights as Mxfp4MoeWeights
     from moe_core.formats import NVFP4 as NVFP4
     from moe_core.formats import NVFP4_W4A16 as NVFP4_W4A16
     from moe_core.formats import Nvfp4MoeWeights as Nvfp4MoeWeights
@@ -62,6 +64,8 @@ if TYPE_CHECKING:
     from moe_core.global_scales import ExpertQuantizeGlobalScales as ExpertQuantizeGlobalScales
     from moe_core.global_scales import ExpertScalePolicy as ExpertScalePolicy
     from moe_core.global_scales import QuantizeGlobalScale as QuantizeGlobalScale
+    from moe_core.mxfp4 import E8M0Scales as E8M0Scales
+    from moe_core.mxfp4 import Mxfp4ExpertWeights as Mxfp4ExpertWeights
     from moe_core.nvfp4 import GateUpScalePolicy as GateUpScalePolicy
     from moe_core.nvfp4 import Nvfp4Arithmetic as Nvfp4Arithmetic
     from moe_core.nvfp4 import Nvfp4ExpertWeights as Nvfp4ExpertWeights
@@ -107,6 +111,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "Fp8BlockMoeWeights",
         "Fp8ChannelMoeWeights",
         "Fp8MoeWeights",
+        "MXFP4",
+        "Mxfp4MoeWeights",
         "NVFP4",
         "NVFP4_W4A16",
         "Nvfp4MoeWeights",
@@ -129,6 +135,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "ExpertScalePolicy",
         "QuantizeGlobalScale",
     ),
+    "moe_core.mxfp4": ("E8M0Scales", "Mxfp4ExpertWeights"),
     "moe_core.nvfp4": (
         "GateUpScalePolicy",
         "Nvfp4Arithmetic",
@@ -169,6 +176,7 @@ __all__ = [
     "FP8",
     "FP8_BLOCK_SCALED",
     "FP8_CHANNEL",
+    "MXFP4",
     "NVFP4",
     "NVFP4_W4A16",
     "Activation",
@@ -187,6 +195,7 @@ __all__ = [
     "DeviceSpec",
     "DispatchFormat",
     "DispatchOutput",
+    "E8M0Scales",
     "ExpertDequantizeGlobalScales",
     "ExpertFp8Scales",
     "ExpertQuantizeGlobalScales",
@@ -208,6 +217,8 @@ __all__ = [
     "LinearBlockScales",
     "MoeForward",
     "MoeRunnerConfig",
+    "Mxfp4ExpertWeights",
+    "Mxfp4MoeWeights",
     "Nvfp4Arithmetic",
     "Nvfp4ExpertWeights",
     "Nvfp4GateUpWeights",

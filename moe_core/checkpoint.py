@@ -5,7 +5,10 @@ each architecture names them, and ``quantization_config``; ModelOpt's
 ``hf_quant_config.json`` where ``config.json`` has none), the shard index
 ``model.safetensors.index.json`` (or a single ``model.safetensors``), picks
 the scheme that takes the quantization config, and hands the layer's expert
-tensors to the scheme's loader one expert and one shard at a time. A
+tensors to the scheme's loader one expert and one shard at a time (an
+architecture that stacks its experts, gpt-oss, is split per expert and its
+interleaved gate/up rows reordered first; its routing, activation and
+biases come from ``config.json`` too, :class:`LayerSemantics`). A
 safetensors file that cannot be read raises :class:`CorruptCheckpoint`,
 naming the file and its damage.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar, final
 
@@ -22,8 +25,17 @@ import attrs
 import torch
 from safetensors import SafetensorError, safe_open
 
-from moe_core.config import MoeRunnerConfig, RoutingMethod
+from moe_core.config import (
+    Activation,
+    ClampedSwiglu,
+    ExpertActivation,
+    GroupedTopK,
+    MoeRunnerConfig,
+    Routing,
+    RoutingMethod,
+)
 from moe_core.expert_params import ExpertShard
+from moe_core.formats.dense.weights import GateUpLayout
 from moe_core.scheme import MoeScheme, SchemeOptions, SchemeSpec, UnsupportedCheckpoint
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -31,6 +43,40 @@ SINGLE_FILE = "model.safetensors"
 S = TypeVar("S", bound=MoeScheme)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@final
+@attrs.frozen(kw_only=True)
+class LayerSemantics:
+    """What an architecture's ``config.json`` says its MoE layers compute, beyond their sizes."""
+
+    routing: Routing
+    activation: ExpertActivation = Activation.SILU_GATED
+    routed_scaling_factor: float = 1.0
+    expert_biases: bool = False
+
+
+def _float_field(config: Mapping[str, object], key: str, default: float) -> float:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"config.json: expected a number at {key!r}, got {value!r}")
+    return float(value)
+
+
+def _gpt_oss(config: Mapping[str, object]) -> LayerSemantics:
+    """gpt-oss: softmax over the top-k logits, clamped SwiGLU, biases after both expert GEMMs."""
+    activation = ClampedSwiglu(alpha=_float_field(config, "swiglu_alpha", 1.702), limit=_float_field(config, "swiglu_limit", 7.0))
+    return LayerSemantics(routing=RoutingMethod.TOPK_RENORMALIZE, activation=activation, expert_biases=True)
+
+
+def _deepseek_v3(config: Mapping[str, object]) -> LayerSemantics:
+    """DeepSeek-V3: sigmoid scores, grouped top-k with the router's correction bias, a routed scaling factor."""
+    routing = GroupedTopK(
+        n_group=_int_field(config, "n_group", "config.json"),
+        topk_group=_int_field(config, "topk_group", "config.json"),
+        renormalize=bool(config.get("norm_topk_prob", True)),
+    )
+    return LayerSemantics(routing=routing, routed_scaling_factor=_float_field(config, "routed_scaling_factor", 1.0))
 
 
 @final
@@ -47,15 +93,28 @@ class ArchitectureNames:
     """The MoE block's module name inside a decoder layer (``mlp``, ``block_sparse_moe``)."""
     renormalize: str | None
     """Key of the flag that renormalizes the top-k weights (None: always renormalized)."""
+    router: str = attrs.field(default="gate", kw_only=True)
+    """The router's module name inside the block (``gate``; gpt-oss: ``router``)."""
+    fused_experts: GateUpLayout | None = attrs.field(default=None, kw_only=True)
+    """None: one tensor per expert and projection (``experts.{e}.{proj}.{name}``); a layout: stacks over the experts,
+    ``experts.{gate_up_proj|down_proj}_{name}`` ``[E, ...]``, whose fused gate/up rows are in that layout (gpt-oss)."""
+    semantics: Callable[[Mapping[str, object]], LayerSemantics] | None = attrs.field(default=None, kw_only=True)
+    """The layer's routing, activation, scaling and biases from ``config.json`` (None: softmax top-k, SiLU)."""
 
 
 ARCHITECTURES: Mapping[str, ArchitectureNames] = {
     "qwen3_moe": ArchitectureNames(("num_experts", "num_local_experts"), "moe_intermediate_size", "mlp", "norm_topk_prob"),
     "mixtral": ArchitectureNames(("num_local_experts",), "intermediate_size", "block_sparse_moe", None),
+    "gpt_oss": ArchitectureNames(
+        ("num_local_experts",), "intermediate_size", "mlp", None,
+        router="router", fused_experts=GateUpLayout.INTERLEAVED, semantics=_gpt_oss,
+    ),
+    "deepseek_v3": ArchitectureNames(("n_routed_experts",), "moe_intermediate_size", "mlp", None, semantics=_deepseek_v3),
 }
 """The architectures (``config.json``'s ``model_type``) whose MoE layers the loader knows."""
 
 _EXPERT_KEY = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.(\w+)$")
+_FUSED_KEY = re.compile(r"\.experts\.(gate_up_proj|down_proj)_(\w+)$")
 
 
 class CorruptCheckpoint(ValueError):
@@ -178,8 +237,11 @@ class MoeCheckpoint:
         self.intermediate_size = _int_field(config, names.intermediate_size, where)
         """One expert's intermediate size I."""
         renormalize = True if names.renormalize is None else bool(config.get(names.renormalize, False))
-        self.routing_method = RoutingMethod.TOPK_RENORMALIZE if renormalize else RoutingMethod.SOFTMAX_TOPK
-        """Softmax then top-k, renormalized or not, as the architecture's router computes it."""
+        softmax = LayerSemantics(routing=RoutingMethod.TOPK_RENORMALIZE if renormalize else RoutingMethod.SOFTMAX_TOPK)
+        self.semantics = softmax if names.semantics is None else names.semantics(config)
+        """The layer's routing, activation, routed scaling and expert biases, as ``config.json`` says."""
+        self.routing_method = self.semantics.routing
+        """How the architecture's router picks and weights experts."""
         dtype_name = config.get("dtype", config.get("torch_dtype", "bfloat16"))
         if dtype_name not in DTYPES:
             raise UnsupportedCheckpoint(f"{where}: dtype {dtype_name!r} is not one of {sorted(DTYPES)}")
@@ -236,6 +298,9 @@ class MoeCheckpoint:
             num_local_experts=self.num_experts if num_local_experts is None else num_local_experts,
             local_expert_offset=local_expert_offset,
             routing_method=self.routing_method,
+            activation=self.semantics.activation,
+            routed_scaling_factor=self.semantics.routed_scaling_factor,
+            expert_biases=self.semantics.expert_biases,
         )
 
     def _require_layer(self, layer: int) -> None:
@@ -261,7 +326,7 @@ class MoeCheckpoint:
 
     def router_weight(self, layer: int) -> torch.Tensor:
         """The router's ``[num_experts, hidden]`` weight of ``layer``."""
-        key = f"{self.block_prefix(layer)}.gate.weight"
+        key = f"{self.block_prefix(layer)}.{self.names.router}.weight"
         if key not in self.weight_map:
             raise KeyError(f"{key}: not in {self.directory}")
         ((_, tensor),) = self._read([key])
@@ -270,12 +335,42 @@ class MoeCheckpoint:
     def expert_keys(self, layer: int) -> list[tuple[str, int, ExpertShard, str]]:
         """``(tensor name, expert id, shard, name after the projection)`` of every expert tensor of ``layer``."""
         self._require_layer(layer)
+        if self.names.fused_experts is not None:
+            raise ValueError(f"{self.model_type}: its experts are stacked tensors ([E, ...]), not one per expert")
         prefix = f"{self.block_prefix(layer)}.experts."
         found = []
         for key in self.weight_map:
             if key.startswith(prefix) and (match := _EXPERT_KEY.search(key)):
                 found.append((key, int(match[1]), ExpertShard.from_projection(match[2]), match[3]))
         return found
+
+    def _expert_tensors(self, layer: int) -> Iterator[tuple[str, int, ExpertShard, str, torch.Tensor]]:
+        """``(tensor name, expert id, shard, name after the projection, tensor)`` of each expert projection of ``layer``.
+
+        Stacked experts (gpt-oss) are split into one tensor per expert and shard, their fused gate/up rows
+        (dim 1) reordered from the architecture's layout to ``[gate | up]`` first.
+        """
+        layout = self.names.fused_experts
+        if layout is None:
+            names = {key: (expert, shard, name) for key, expert, shard, name in self.expert_keys(layer)}
+            for key, tensor in self._read(list(names)):
+                yield (key, *names[key], tensor)
+            return
+        self._require_layer(layer)
+        prefix = f"{self.block_prefix(layer)}.experts."
+        fused = {key: match for key in self.weight_map if key.startswith(prefix) and (match := _FUSED_KEY.search(key))}
+        for key, tensor in self._read(list(fused)):
+            projection, name = fused[key][1], fused[key][2]
+            if projection == "down_proj":
+                for expert in range(tensor.shape[0]):
+                    yield key, expert, ExpertShard.DOWN, name, tensor[expert]
+                continue
+            if tensor.dim() < 2 or tensor.shape[1] % 2:
+                raise ValueError(f"{key}: expected [num_experts, 2 * intermediate_size, ...], got {tuple(tensor.shape)}")
+            gate, up = layout.to_concatenated(tensor, 1).chunk(2, dim=1)
+            for expert in range(tensor.shape[0]):
+                yield key, expert, ExpertShard.GATE, name, gate[expert]
+                yield key, expert, ExpertShard.UP, name, up[expert]
 
     def load_layer(
         self,
@@ -307,10 +402,7 @@ class MoeCheckpoint:
 
         A tensor the scheme refuses is reported by its name in the checkpoint.
         """
-        keys = self.expert_keys(layer)
-        names = {key: (expert, shard, name) for key, expert, shard, name in keys}
-        for key, tensor in self._read(list(names)):
-            expert, shard, name = names[key]
+        for key, expert, shard, name, tensor in self._expert_tensors(layer):
             try:
                 scheme.load_expert_weight(name, tensor, expert_id=expert, shard=shard)
             except (TypeError, ValueError) as error:

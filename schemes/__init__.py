@@ -3,11 +3,22 @@ canonical weights and a backend's quant info once after loading, and delegate th
 pass to its runner. ``SCHEMES`` is what the checkpoint loader matches a checkpoint against."""
 
 from moe_core.scheme import SchemeSpec
-from moe_core.schemes import compressed_tensors_w4a4_nvfp4, modelopt_nvfp4, unquantized
+from moe_core.schemes import (
+    compressed_tensors_fp8,
+    compressed_tensors_w4a4_nvfp4,
+    deepseek_fp8,
+    gpt_oss_mxfp4,
+    modelopt_nvfp4,
+    unquantized,
+)
 
 SCHEMES: tuple[SchemeSpec, ...] = (
     compressed_tensors_w4a4_nvfp4.SCHEME,
+    compressed_tensors_fp8.STATIC_SCHEME,
+    compressed_tensors_fp8.DYNAMIC_SCHEME,
     modelopt_nvfp4.SCHEME,
+    gpt_oss_mxfp4.SCHEME,
+    deepseek_fp8.SCHEME,
     unquantized.SCHEME,
 )
 """Every scheme moe-core ships, in the order a checkpoint is matched against them."""

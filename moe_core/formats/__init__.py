@@ -1,5 +1,5 @@
 """moe-core's weight formats, one kit (folder) each: dense, NVFP4 W4A4, NVFP4 W4A16, FP8 per tensor, per channel and
-per 128x128 block.
+per 128x128 block, MXFP4.
 
 A kit holds its weights type (``weights.py``), its reference recipe for the
 one generic reference forward (``reference.py``, see
@@ -14,6 +14,7 @@ from moe_core.formats.dense import DENSE, DenseMoeWeights, DenseRecipe
 from moe_core.formats.fp8 import FP8, Fp8MoeWeights, Fp8Recipe
 from moe_core.formats.fp8_block import FP8_BLOCK_SCALED, Fp8BlockMoeWeights, Fp8BlockRecipe, fp8_block_size_refusal
 from moe_core.formats.fp8_channel import FP8_CHANNEL, Fp8ChannelMoeWeights, Fp8ChannelRecipe
+from moe_core.formats.mxfp4 import MXFP4, Mxfp4MoeWeights, Mxfp4Recipe
 from moe_core.formats.nvfp4 import NVFP4, NVFP4_TO_W4A16, Nvfp4MoeWeights, Nvfp4Recipe
 from moe_core.formats.nvfp4_w4a16 import NVFP4_W4A16, Nvfp4W4A16MoeWeights, Nvfp4W4A16Recipe
 
@@ -22,6 +23,7 @@ __all__ = [
     "FP8",
     "FP8_BLOCK_SCALED",
     "FP8_CHANNEL",
+    "MXFP4",
     "NVFP4",
     "NVFP4_TO_W4A16",
     "NVFP4_W4A16",
@@ -33,6 +35,8 @@ __all__ = [
     "Fp8ChannelRecipe",
     "Fp8MoeWeights",
     "Fp8Recipe",
+    "Mxfp4MoeWeights",
+    "Mxfp4Recipe",
     "Nvfp4MoeWeights",
     "Nvfp4Recipe",
     "Nvfp4W4A16MoeWeights",

@@ -1,0 +1,202 @@
+"""MXFP4 numerics in plain PyTorch (CPU and GPU): the E8M0 scale type, quantize, dequantize.
+
+The OCP microscaling format as gpt-oss checkpoints store it: E2M1 codes
+(the values of :mod:`moe_core.nvfp4`), two a byte with the first element in
+the low nibble, and one E8M0 scale per 32 consecutive elements of a row: a
+uint8 exponent ``e`` standing for ``2 ** (e - 127)`` (255 is NaN). There is
+no global scale. Dequantization is ``e2m1(code) * 2 ** (e - 127)``, exact in
+float32 (and in bf16 wherever the product is a normal bf16 number).
+
+Quantization rounds each block's scale up to the power of two at or above
+``amax / 6`` (as OpenAI's triton_kernels ``downcast_to_mxfp`` does), so no
+value clips, then rounds ``x / scale`` to E2M1 (ties to even).
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+import torch
+
+from moe_core._checks import (
+    FLOAT_DTYPES,
+    require_dtype,
+    require_finite,
+    require_int,
+    require_ndim,
+    require_nonempty,
+    require_same_device,
+    require_shape,
+    require_tensor,
+    values_readable,
+)
+from moe_core.global_scales import E2M1_MAX
+from moe_core.nvfp4 import decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
+
+MXFP4_BLOCK = 32
+"""Elements sharing one E8M0 scale."""
+E8M0_BIAS = 127
+"""The exponent bias of an E8M0 scale: code ``e`` stands for ``2 ** (e - 127)``."""
+E8M0_NAN = 255
+"""The E8M0 code that stands for NaN: refused in a scale."""
+
+
+@final
+@attrs.frozen(eq=False)
+class E8M0Scales:
+    """Power-of-two block scales, one uint8 exponent per 32 elements of a row, ``[..., rows, cols / 32]``.
+
+    Not a float tensor: the code ``e`` stands for ``2 ** (e - 127)``, and
+    read as a number it would scale a layer by ``e`` instead. The tensor
+    enters only through :meth:`from_checkpoint` (``__init__`` takes nothing),
+    which refuses the NaN code 255.
+    """
+
+    codes: torch.Tensor = attrs.field(init=False)
+    """uint8 exponents ``[..., rows, cols / 32]`` (read them; never write to them)."""
+
+    def __attrs_post_init__(self) -> None:
+        raise TypeError(
+            "E8M0Scales() takes no arguments: its tensor enters only through E8M0Scales.from_checkpoint, which checks it"
+        )
+
+    @classmethod
+    def _of(cls, codes: torch.Tensor) -> E8M0Scales:
+        name = "E8M0Scales.codes"
+        require_tensor(name, codes)
+        require_dtype(name, codes, (torch.uint8,))
+        if codes.dim() < 2:
+            raise ValueError(f"{name}: expected a tensor [..., rows, cols / {MXFP4_BLOCK}], got shape {tuple(codes.shape)}")
+        if values_readable(codes) and bool((codes == E8M0_NAN).any()):
+            raise ValueError(f"{name}: expected exponents below {E8M0_NAN} (E8M0 {E8M0_NAN} is NaN), found some")
+        scales = object.__new__(cls)
+        object.__setattr__(scales, "codes", codes)
+        return scales
+
+    @classmethod
+    def from_checkpoint(cls, codes: torch.Tensor) -> E8M0Scales:
+        """Scales as gpt-oss checkpoints store them (``*_scales``): uint8 biased exponents ``[..., rows, cols / 32]``."""
+        return cls._of(codes)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The exponents' shape."""
+        return tuple(int(d) for d in self.codes.shape)
+
+    def to(self, device: torch.device | str) -> E8M0Scales:
+        """The same scales on ``device``."""
+        return E8M0Scales._of(self.codes.to(device))
+
+    def rows(self, index: torch.Tensor) -> E8M0Scales:
+        """The scales of the rows ``index`` (dim -2), e.g. to reorder interleaved gate/up rows."""
+        return E8M0Scales._of(self.codes.index_select(-2, index.to(self.codes.device)))
+
+    def factors(self) -> torch.Tensor:
+        """``2 ** (e - 127)`` as float32, exactly (the smallest codes give float32 subnormals)."""
+        one = torch.ones(self.codes.shape, dtype=torch.float32, device=self.codes.device)
+        return torch.ldexp(one, self.codes.to(torch.int32) - E8M0_BIAS)
+
+
+def _dequantize(packed: torch.Tensor, scales: E8M0Scales) -> torch.Tensor:
+    """float32 ``[..., rows, cols]`` of packed codes ``[..., rows, cols / 2]`` and their scales."""
+    values = decode_e2m1(unpack_e2m1(packed))
+    blocks = values.reshape(*values.shape[:-1], -1, MXFP4_BLOCK) * scales.factors().unsqueeze(-1)
+    return blocks.flatten(-2)
+
+
+def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, E8M0Scales]:
+    """Packed codes ``[..., rows, cols / 2]`` and E8M0 scales of finite float ``x [..., rows, cols]`` (cols a multiple
+    of 32): each block's scale the power of two at or above ``amax / 6`` (1 for an all-zero block)."""
+    blocks = x.to(torch.float32).reshape(*x.shape[:-1], -1, MXFP4_BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+    _, exponent = torch.frexp(amax / E2M1_MAX)  # amax / 6 = m * 2**exponent with 0.5 <= m < 1
+    exact = amax / E2M1_MAX == torch.ldexp(torch.full_like(amax, 0.5), exponent)
+    exponent = torch.where(amax > 0, exponent - exact.to(torch.int32), torch.zeros_like(exponent))
+    codes = (exponent + E8M0_BIAS).clamp(0, E8M0_NAN - 1).to(torch.uint8)
+    scales = E8M0Scales._of(codes)
+    packed = pack_e2m1(encode_e2m1(blocks / scales.factors().unsqueeze(-1)).flatten(-2))
+    return packed, scales
+
+
+@final
+@attrs.frozen(eq=False)
+class Mxfp4ExpertWeights:
+    """Stacked MXFP4 expert matrices ``[E, rows, cols]``: packed E2M1 codes and one E8M0 scale per 32 elements.
+
+    There is no global scale, so a fused ``w13 [E, 2I, H]`` is one of these
+    (gate rows first) with each half's rows keeping their own scales.
+    """
+
+    packed: torch.Tensor
+    """uint8 ``[E, rows, cols / 2]``, the first element of each pair in the low nibble."""
+    scales: E8M0Scales
+    """``[E, rows, cols / 32]``."""
+
+    def __attrs_post_init__(self) -> None:
+        name = "Mxfp4ExpertWeights.packed"
+        require_tensor(name, self.packed)
+        require_dtype(name, self.packed, (torch.uint8,))
+        require_ndim(name, self.packed, 3, "[num_experts, rows, cols / 2]")
+        if not isinstance(self.scales, E8M0Scales):
+            raise TypeError(f"Mxfp4ExpertWeights.scales: expected E8M0Scales, got {type(self.scales).__name__}")
+        if (2 * self.packed.shape[-1]) % MXFP4_BLOCK:
+            raise ValueError(f"{name}: expected {MXFP4_BLOCK // 2}-byte multiples per row, got {self.packed.shape[-1]}")
+        experts, rows, half = self._packed_shape
+        expected = (experts, rows, 2 * half // MXFP4_BLOCK)
+        require_shape("Mxfp4ExpertWeights.scales", self.scales.codes, expected, f"(one scale per {MXFP4_BLOCK} elements)")
+        require_same_device([("packed", self.packed), ("scales", self.scales.codes)])
+
+    @property
+    def _packed_shape(self) -> tuple[int, int, int]:
+        """The packed tensor's ``(num_experts, rows, cols / 2)``."""
+        experts, rows, half = self.packed.shape
+        return int(experts), int(rows), int(half)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The logical ``(num_experts, rows, cols)``."""
+        experts, rows, half = self._packed_shape
+        return experts, rows, 2 * half
+
+    @classmethod
+    def from_checkpoint(cls, blocks: torch.Tensor, scales: torch.Tensor) -> Mxfp4ExpertWeights:
+        """gpt-oss's ``*_blocks`` (uint8 ``[E, rows, cols / 32, 16]``) and ``*_scales`` (uint8 ``[E, rows, cols / 32]``)."""
+        require_tensor("blocks", blocks)
+        require_ndim("blocks", blocks, 4, f"[num_experts, rows, cols / {MXFP4_BLOCK}, {MXFP4_BLOCK // 2}]")
+        if blocks.shape[-1] != MXFP4_BLOCK // 2:
+            raise ValueError(f"blocks: expected {MXFP4_BLOCK // 2} bytes a block (last dim), got shape {tuple(blocks.shape)}")
+        return cls(blocks.reshape(*blocks.shape[:2], -1).contiguous(), E8M0Scales.from_checkpoint(scales.contiguous()))
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor) -> Mxfp4ExpertWeights:
+        """Quantize finite float weights ``[E, rows, cols]`` (cols a multiple of 32), see :func:`quantize_mxfp4`."""
+        layout = "[num_experts, rows, cols]"
+        require_tensor("w", w)
+        require_dtype("w", w, FLOAT_DTYPES)
+        require_ndim("w", w, 3, layout)
+        require_nonempty("w", w, layout)
+        if w.shape[-1] % MXFP4_BLOCK:
+            raise ValueError(f"w: expected the last dim to be a multiple of {MXFP4_BLOCK}, got {w.shape[-1]}")
+        require_finite("w", w)
+        return cls(*quantize_mxfp4(w.detach()))
+
+    def rows(self, index: torch.Tensor) -> Mxfp4ExpertWeights:
+        """The rows ``index`` of every expert (codes and scales alike: exact)."""
+        return Mxfp4ExpertWeights(self.packed.index_select(1, index.to(self.packed.device)), self.scales.rows(index))
+
+    def to(self, device: torch.device | str) -> Mxfp4ExpertWeights:
+        """The same weights on ``device``."""
+        return Mxfp4ExpertWeights(self.packed.to(device), self.scales.to(device))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The values the codes stand for, ``[E, rows, cols]`` in ``dtype``."""
+        return _dequantize(self.packed, self.scales).to(dtype)
+
+    def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """One expert's ``[rows, cols]`` in ``dtype`` (``0 <= expert < E``)."""
+        require_int("expert", expert, minimum=0)
+        if expert >= self.shape[0]:
+            raise ValueError(f"expert: expected an index below num_experts={self.shape[0]}, got {expert}")
+        scales = E8M0Scales._of(self.scales.codes[expert])
+        return _dequantize(self.packed[expert], scales).to(dtype)

@@ -1,0 +1,189 @@
+"""compressed-tensors FP8 MoE (``float-quantized``), as llmcompressor writes its ``FP8`` and ``FP8_DYNAMIC`` presets.
+
+Per expert projection the checkpoint holds ``weight`` (float8_e4m3fn
+``[out, in]``) and ``weight_scale`` (dequantize-side ``amax / 448``, in the model's dtype, bf16: read exactly into float32):
+
+- ``FP8`` (static, per tensor): ``weight_scale`` ``[1]`` and ``input_scale``
+  ``[1]``, a calibrated static scale of the projection's input. Loaded into
+  :data:`~moe_core.FP8`: gate and up keep their own weight scales; the
+  per-expert input scales of w1/w3 and of w2 become the one scalar each GEMM
+  takes under ``input_scale_policy`` (conservative by default: the largest,
+  so no expert's calibrated inputs clip), over every expert of the layer.
+- ``FP8_DYNAMIC`` (per channel, dynamic per-token inputs): ``weight_scale``
+  ``[out, 1]`` and no input scale. Loaded into :data:`~moe_core.FP8_CHANNEL`.
+
+Nothing is requantized: the canonical weights hold the checkpoint's codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from moe_core import (
+    FP8,
+    FP8_CHANNEL,
+    ExpertFp8Scales,
+    ExpertScalePolicy,
+    Fp8ChannelExpertWeights,
+    Fp8ChannelMoeWeights,
+    Fp8ChannelScales,
+    Fp8ExpertWeights,
+    Fp8GateUpWeights,
+    Fp8MoeWeights,
+    Fp8TensorScale,
+    FormatRoute,
+    MoeRunnerConfig,
+)
+from moe_core.scheme import SchemeOptions, SchemeSpec
+from moe_core.schemes._shard_tensors import ShardScheme, TensorSpec
+
+STATIC = "compressed-tensors-fp8"
+DYNAMIC = "compressed-tensors-fp8-dynamic"
+_WEIGHT = TensorSpec("weight", torch.float8_e4m3fn, lambda out, cols: (out, cols))
+_NARROW = (torch.bfloat16, torch.float16)
+"""Scale dtypes read exactly into float32: llmcompressor writes scales in the model's dtype."""
+
+
+class CompressedTensorsFp8MoE(ShardScheme[Fp8MoeWeights]):
+    """One MoE layer of a compressed-tensors ``FP8`` checkpoint (per-tensor weights, static input scales)."""
+
+    def __init__(
+        self,
+        config: MoeRunnerConfig,
+        device: torch.device = torch.device("cpu"),
+        *,
+        input_scale_policy: ExpertScalePolicy = ExpertScalePolicy.CONSERVATIVE,
+        backend: FormatRoute[Fp8MoeWeights] | str | None = None,
+        strict: bool = False,
+        activation_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        """Create the layer's tensors on ``device``; ``input_scale_policy`` makes each GEMM's one input scale of the
+        experts' (conservative: the largest), ``backend`` forces a backend fed from FP8 weights."""
+        if not isinstance(input_scale_policy, ExpertScalePolicy):
+            raise TypeError(f"input_scale_policy: expected an ExpertScalePolicy, got {input_scale_policy!r}")
+        specs = (
+            _WEIGHT,
+            TensorSpec("weight_scale", torch.float32, lambda out, cols: (), upcast_from=_NARROW),
+            TensorSpec("input_scale", torch.float32, lambda out, cols: (), every_expert=True, upcast_from=_NARROW),
+        )
+        super().__init__(STATIC, FP8, specs, config, device, backend=backend, strict=strict, activation_dtype=activation_dtype)
+        self.input_scale_policy = input_scale_policy
+        """How the per-expert input scales become one scalar per GEMM."""
+
+    def canonical_weights(self) -> Fp8MoeWeights:
+        """The FP8 weights, gate and up each with its own per-expert scales."""
+        tensors, policy = self.tensors, self.input_scale_policy
+        codes, scales = tensors.gate_up("weight"), tensors.gate_up("weight_scale")
+
+        def half(index: int) -> Fp8ExpertWeights:
+            return Fp8ExpertWeights(codes[:, index].contiguous(), ExpertFp8Scales.from_checkpoint(scales[:, index].contiguous()))
+
+        return Fp8MoeWeights(
+            w13=Fp8GateUpWeights(gate=half(0), up=half(1)),
+            w2=Fp8ExpertWeights(tensors.down("weight"), ExpertFp8Scales.from_checkpoint(tensors.down("weight_scale"))),
+            w13_input_scale=Fp8TensorScale.from_checkpoint(tensors.gate_up("input_scale"), policy=policy),
+            w2_input_scale=Fp8TensorScale.from_checkpoint(tensors.down("input_scale"), policy=policy),
+        )
+
+
+class CompressedTensorsFp8DynamicMoE(ShardScheme[Fp8ChannelMoeWeights]):
+    """One MoE layer of a compressed-tensors ``FP8_DYNAMIC`` checkpoint (per-channel weights, per-token inputs)."""
+
+    def __init__(
+        self,
+        config: MoeRunnerConfig,
+        device: torch.device = torch.device("cpu"),
+        *,
+        backend: FormatRoute[Fp8ChannelMoeWeights] | str | None = None,
+        strict: bool = False,
+        activation_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        """Create the layer's tensors on ``device``; ``backend`` forces a backend fed from per-channel FP8 weights."""
+        specs = (_WEIGHT, TensorSpec("weight_scale", torch.float32, lambda out, cols: (out, 1), upcast_from=_NARROW))
+        super().__init__(
+            DYNAMIC, FP8_CHANNEL, specs, config, device, backend=backend, strict=strict, activation_dtype=activation_dtype
+        )
+
+    def canonical_weights(self) -> Fp8ChannelMoeWeights:
+        """The FP8 weights, each row with its own scale (gate rows then up rows in ``w13``)."""
+        tensors = self.tensors
+        return Fp8ChannelMoeWeights(
+            w13=Fp8ChannelExpertWeights(
+                tensors.gate_up_fused("weight"), Fp8ChannelScales.from_checkpoint(tensors.gate_up_fused("weight_scale"))
+            ),
+            w2=Fp8ChannelExpertWeights(tensors.down("weight"), Fp8ChannelScales.from_checkpoint(tensors.down("weight_scale"))),
+        )
+
+
+def _args_problem(args: object, role: str, expected: Mapping[str, object]) -> str | None:
+    if not isinstance(args, Mapping):
+        return f"{role}: not quantized"
+    found = {key: args.get(key) for key in expected}
+    if found != dict(expected):
+        return f"{role}: {found}, expected {dict(expected)}"
+    return None
+
+
+def _reason(quantization_config: Mapping[str, object] | None, weights: Mapping[str, object], inputs: Mapping[str, object]) -> str | None:
+    if quantization_config is None:
+        return "the checkpoint is not quantized"
+    method = quantization_config.get("quant_method")
+    if method != "compressed-tensors":
+        return f"quant_method is {method!r}, not 'compressed-tensors'"
+    groups = quantization_config.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        return "quantization_config has no config_groups"
+    problems = []
+    for name, group in groups.items():
+        if not isinstance(group, Mapping):
+            problems.append(f"{name}: not a mapping")
+            continue
+        fmt = group.get("format", quantization_config.get("format"))
+        problem = (
+            f"format is {fmt!r}, not 'float-quantized'" if fmt != "float-quantized"
+            else _args_problem(group.get("weights"), "weights", weights)
+            or _args_problem(group.get("input_activations"), "input_activations", inputs)
+        )
+        if problem is None:
+            return None
+        problems.append(f"{name}: {problem}")
+    return "no matching FP8 config group (" + "; ".join(problems) + ")"
+
+
+_FP8 = {"num_bits": 8, "type": "float"}
+
+
+def static_unsupported_reason(quantization_config: Mapping[str, object] | None) -> str | None:
+    """Why a ``quantization_config`` is not compressed-tensors ``FP8`` (per-tensor, static inputs); None: it is."""
+    return _reason(
+        quantization_config, {**_FP8, "strategy": "tensor"}, {**_FP8, "strategy": "tensor", "dynamic": False}
+    )
+
+
+def dynamic_unsupported_reason(quantization_config: Mapping[str, object] | None) -> str | None:
+    """Why a ``quantization_config`` is not compressed-tensors ``FP8_DYNAMIC`` (per-channel, per-token); None: it is."""
+    return _reason(
+        quantization_config, {**_FP8, "strategy": "channel"}, {**_FP8, "strategy": "token", "dynamic": True}
+    )
+
+
+def _static(config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype, options: SchemeOptions) -> CompressedTensorsFp8MoE:
+    return CompressedTensorsFp8MoE(
+        config, device, backend=options.backend, strict=options.strict, activation_dtype=options.activation_dtype
+    )
+
+
+def _dynamic(
+    config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype, options: SchemeOptions
+) -> CompressedTensorsFp8DynamicMoE:
+    return CompressedTensorsFp8DynamicMoE(
+        config, device, backend=options.backend, strict=options.strict, activation_dtype=options.activation_dtype
+    )
+
+
+STATIC_SCHEME = SchemeSpec(STATIC, FP8, static_unsupported_reason, _static)
+"""compressed-tensors ``FP8`` as the checkpoint loader and ``moe-core`` see it."""
+DYNAMIC_SCHEME = SchemeSpec(DYNAMIC, FP8_CHANNEL, dynamic_unsupported_reason, _dynamic)
+"""compressed-tensors ``FP8_DYNAMIC`` as the checkpoint loader and ``moe-core`` see it."""
