@@ -45,6 +45,7 @@ from moe_core.backends.reference import (
     REFERENCE_FP8,
     REFERENCE_FP8_BLOCK,
     REFERENCE_FP8_CHANNEL,
+    REFERENCE_MXFP4,
     REFERENCE_NVFP4,
     REFERENCE_NVFP4_W4A16,
 )
@@ -53,16 +54,18 @@ from moe_core.config import Activation, MoeRunnerConfig, RoutingMethod
 from moe_core.conversion import FormatInfo, WeightFormat
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 from moe_core.float64_moe import float64_moe, fp8_per_group_round_trips, fp8_per_token_round_trips, fp8_round_trips, nvfp4_round_trips
-from moe_core.formats import DENSE, FP8, FP8_BLOCK_SCALED, FP8_CHANNEL, NVFP4, NVFP4_W4A16
+from moe_core.formats import DENSE, FP8, FP8_BLOCK_SCALED, FP8_CHANNEL, MXFP4, NVFP4, NVFP4_W4A16
 from moe_core.formats import (
     DenseMoeWeights,
     Fp8BlockMoeWeights,
     Fp8ChannelMoeWeights,
     Fp8MoeWeights,
+    Mxfp4MoeWeights,
     Nvfp4MoeWeights,
     Nvfp4W4A16MoeWeights,
     fp8_block_size_refusal,
 )
+from moe_core.mxfp4 import MXFP4_BLOCK, Mxfp4ExpertWeights
 from moe_core.registry import BackendEntry, BackendKey, MoeForward
 from moe_core.routing import select_experts
 from moe_core.runner import QuantInfo
@@ -440,6 +443,21 @@ def _w4a16_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, we
     return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize())
 
 
+def _mxfp4_weights(config: MoeRunnerConfig, source: DenseMoeWeights, dispatch: StandardDispatchOutput) -> Mxfp4MoeWeights:
+    return Mxfp4MoeWeights(w13=Mxfp4ExpertWeights.quantize(source.w13), w2=Mxfp4ExpertWeights.quantize(source.w2))
+
+
+def _mxfp4_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Mxfp4MoeWeights) -> torch.Tensor:
+    return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize())
+
+
+def _mxfp4_size_refusal(config: MoeRunnerConfig) -> str | None:
+    sizes = (config.hidden_size, config.intermediate_size_per_partition)
+    if any(size % MXFP4_BLOCK for size in sizes):
+        return f"Mxfp4MoeWeights: expected hidden and intermediate sizes that are multiples of {MXFP4_BLOCK}, got {sizes}"
+    return None
+
+
 FORMAT_CHECKS: tuple[_Check, ...] = (
     FormatCheck(DENSE, REFERENCE_DENSE, _dense_weights, _dense_float64, "float64 MoE"),
     FormatCheck(NVFP4, REFERENCE_NVFP4, quantize_nvfp4_layer, _nvfp4_float64, "float64 W4A4 MoE"),
@@ -452,6 +470,7 @@ FORMAT_CHECKS: tuple[_Check, ...] = (
         FP8_BLOCK_SCALED, REFERENCE_FP8_BLOCK, quantize_fp8_block_layer, _fp8_block_float64, "float64 W8A8 1x128-group MoE",
         lambda config: fp8_block_size_refusal(config.hidden_size, config.intermediate_size_per_partition),
     ),
+    FormatCheck(MXFP4, REFERENCE_MXFP4, _mxfp4_weights, _mxfp4_float64, "float64 MoE, dequantized", _mxfp4_size_refusal),
 )
 """The formats ``moe-core check`` knows how to check; a new format adds one entry."""
 
