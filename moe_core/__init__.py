@@ -28,6 +28,13 @@ if TYPE_CHECKING:
     from moe_core.config import Activation as Activation
     from moe_core.config import MoeRunnerConfig as MoeRunnerConfig
     from moe_core.config import RoutingMethod as RoutingMethod
+    from moe_core.config import ClampedSwiglu as ClampedSwiglu
+    from moe_core.config import ExpertActivation as ExpertActivation
+    from moe_core.config import GroupedTopK as GroupedTopK
+    from moe_core.config import Llama4Sigmoid as Llama4Sigmoid
+    from moe_core.config import Routing as Routing
+    from moe_core.config import SigmoidTopK as SigmoidTopK
+    from moe_core.config import SparseMixer as SparseMixer
     from moe_core.conversion import AnyConversion as AnyConversion
     from moe_core.conversion import Conversion as Conversion
     from moe_core.conversion import Degradation as Degradation
@@ -64,6 +71,9 @@ if TYPE_CHECKING:
     from moe_core.global_scales import ExpertQuantizeGlobalScales as ExpertQuantizeGlobalScales
     from moe_core.global_scales import ExpertScalePolicy as ExpertScalePolicy
     from moe_core.global_scales import QuantizeGlobalScale as QuantizeGlobalScale
+    from moe_core.layer import MoeLayer as MoeLayer
+    from moe_core.layer import SharedExpert as SharedExpert
+    from moe_core.layer import dense_layer as dense_layer
     from moe_core.mxfp4 import E8M0Scales as E8M0Scales
     from moe_core.mxfp4 import Mxfp4ExpertWeights as Mxfp4ExpertWeights
     from moe_core.nvfp4 import GateUpScalePolicy as GateUpScalePolicy
@@ -90,6 +100,8 @@ if TYPE_CHECKING:
     from moe_core.registry import register_backend as register_backend
     from moe_core.registry import registered_backends as registered_backends
     from moe_core.registry import select_backend as select_backend
+    from moe_core.routing import Router as Router
+    from moe_core.routing import route as route
     from moe_core.routing import select_experts as select_experts
     from moe_core.runner import QuantInfo as QuantInfo
     from moe_core.runner import Runner as Runner
@@ -99,7 +111,18 @@ if TYPE_CHECKING:
 _MODULES: dict[str, tuple[str, ...]] = {
     "moe_core.block_scales": ("LinearBlockScales", "SwizzledBlockScales"),
     "moe_core.capability": ("DeviceSpec", "LayerSpec", "Priority", "Support", "Tier"),
-    "moe_core.config": ("Activation", "MoeRunnerConfig", "RoutingMethod"),
+    "moe_core.config": (
+        "Activation",
+        "ClampedSwiglu",
+        "ExpertActivation",
+        "GroupedTopK",
+        "Llama4Sigmoid",
+        "MoeRunnerConfig",
+        "Routing",
+        "RoutingMethod",
+        "SigmoidTopK",
+        "SparseMixer",
+    ),
     "moe_core.conversion": ("AnyConversion", "Conversion", "Degradation", "FormatInfo", "WeightFormat"),
     "moe_core.dispatch": ("DispatchFormat", "DispatchOutput", "StandardDispatchOutput", "TopKOutput"),
     "moe_core.formats": (
@@ -164,7 +187,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "registered_backends",
         "select_backend",
     ),
-    "moe_core.routing": ("select_experts",),
+    "moe_core.layer": ("MoeLayer", "SharedExpert", "dense_layer"),
+    "moe_core.routing": ("Router", "route", "select_experts"),
     "moe_core.runner": ("QuantInfo", "Runner", "check_run_inputs", "check_run_values"),
 }
 """The module defining each public name, which ``__getattr__`` imports on the name's first access."""
@@ -172,13 +196,6 @@ _MODULES: dict[str, tuple[str, ...]] = {
 _MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = [
-    "DENSE",
-    "FP8",
-    "FP8_BLOCK_SCALED",
-    "FP8_CHANNEL",
-    "MXFP4",
-    "NVFP4",
-    "NVFP4_W4A16",
     "Activation",
     "AnyConversion",
     "BackendChoice",
@@ -186,8 +203,10 @@ __all__ = [
     "BackendKey",
     "BackendSelectionError",
     "BoundRunner",
+    "ClampedSwiglu",
     "Considered",
     "Conversion",
+    "DENSE",
     "Degradation",
     "DegradedRoute",
     "DenseMoeWeights",
@@ -196,11 +215,16 @@ __all__ = [
     "DispatchFormat",
     "DispatchOutput",
     "E8M0Scales",
+    "ExpertActivation",
     "ExpertDequantizeGlobalScales",
     "ExpertFp8Scales",
     "ExpertQuantizeGlobalScales",
     "ExpertScalePolicy",
+    "FP8",
+    "FP8_BLOCK_SCALED",
+    "FP8_CHANNEL",
     "FormatInfo",
+    "FormatRoute",
     "Fp8BlockExpertWeights",
     "Fp8BlockMoeWeights",
     "Fp8BlockScales",
@@ -211,42 +235,54 @@ __all__ = [
     "Fp8GateUpWeights",
     "Fp8MoeWeights",
     "Fp8TensorScale",
-    "FormatRoute",
     "GateUpScalePolicy",
+    "GroupedTopK",
     "LayerSpec",
     "LinearBlockScales",
+    "Llama4Sigmoid",
+    "MXFP4",
     "MoeForward",
+    "MoeLayer",
     "MoeRunnerConfig",
     "Mxfp4ExpertWeights",
     "Mxfp4MoeWeights",
+    "NVFP4",
+    "NVFP4_W4A16",
     "Nvfp4Arithmetic",
     "Nvfp4ExpertWeights",
     "Nvfp4GateUpWeights",
     "Nvfp4MoeWeights",
-    "Nvfp4W4A16MoeWeights",
     "Nvfp4Tensor",
+    "Nvfp4W4A16MoeWeights",
     "Priority",
     "QuantInfo",
     "QuantizeGlobalScale",
     "Route",
+    "Router",
+    "Routing",
     "RoutingMethod",
     "Runner",
     "Selection",
+    "SharedExpert",
+    "SigmoidTopK",
+    "SparseMixer",
     "StandardDispatchOutput",
     "Support",
     "SwizzledBlockScales",
     "Tier",
     "TopKOutput",
     "WeightFormat",
+    "candidates",
     "check_run_inputs",
     "check_run_values",
-    "candidates",
     "choose",
     "create_runner",
+    "dense_layer",
     "discover_backends",
     "plugin_errors",
     "register_backend",
     "registered_backends",
+    "route",
     "select_backend",
     "select_experts",
 ]
