@@ -161,7 +161,7 @@ def test_kernels_refuse_what_they_do_not_compute(config: MoeRunnerConfig, reason
 
 def test_capability_table_lists_each_backends_values() -> None:
     rows = {row.backend: row for row in capability_table(DeviceSpec.parse("sm90"))}
-    assert rows["triton-dense"].supported_activations() == ("silu", "gelu")
+    assert rows["triton-dense"].supported_activations() == ("silu", "gelu", "gelu_tanh")
     assert "llama4_sigmoid" not in rows["triton-dense"].supported_routings()
     assert "grouped_topk" in rows["triton-dense"].supported_routings()
     assert rows["flashinfer-cutlass-bf16"].supported_activations() == ("silu",)

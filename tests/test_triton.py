@@ -298,8 +298,9 @@ def test_fp8_block_refuses_sizes_off_the_128_grid(gen: torch.Generator) -> None:
         )
 
 
-def test_gelu_and_uneven_k(gen: torch.Generator) -> None:
-    config, weights, dispatch = make_layer(gen, (5, 4, 2, 40, 24, 4, 0), DTYPES[0], Activation.GELU_GATED)
+@pytest.mark.parametrize("activation", [Activation.GELU_GATED, Activation.GELU_TANH_GATED], ids=lambda a: a.value)
+def test_gelu_and_uneven_k(gen: torch.Generator, activation: Activation) -> None:
+    config, weights, dispatch = make_layer(gen, (5, 4, 2, 40, 24, 4, 0), DTYPES[0], activation)
     kernel_weights = TritonDenseWeights.from_dense(weights)
     out = create_runner(TRITON_DENSE, config).run(dispatch, kernel_weights)
     expected = create_runner(REFERENCE_DENSE, config).run(dispatch, DenseMoeWeights(w13=kernel_weights.w13, w2=kernel_weights.w2))

@@ -45,7 +45,7 @@ from moe_core.backends.triton.quant_info import (
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier, interpreter_requested
 from moe_core.formats import fp8_block_size_refusal
 
-ACTIVATIONS = (Activation.SILU_GATED, Activation.GELU_GATED)
+ACTIVATIONS = (Activation.SILU_GATED, Activation.GELU_GATED, Activation.GELU_TANH_GATED)
 """The activations the first GEMM's fused epilogue computes."""
 
 HIDDEN_DTYPES = (torch.bfloat16, torch.float16)

@@ -48,6 +48,8 @@ import triton.language as tl
 
 SILU = 0
 GELU = 1
+GELU_TANH = 2
+"""The gated activations the first GEMM's epilogue computes (``ACTIVATION``): SiLU, erf-GELU, tanh-GELU."""
 
 
 @triton.jit
@@ -430,8 +432,10 @@ def moe_gemm_kernel(
     if GATED:
         if ACTIVATION == 0:
             gate = acc / (1.0 + tl.exp(-acc))
-        else:
+        elif ACTIVATION == 1:
             gate = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+        else:  # 0.5 x (1 + tanh(z)) = x * sigmoid(2 z), z = sqrt(2 / pi) (x + 0.044715 x^3)
+            gate = acc / (1.0 + tl.exp(-1.5957691216057308 * (acc + 0.044715 * acc * acc * acc)))
         result = gate * acc_up
         if OUT_FP8:
             result = _e4m3_values(result, tl.load(out_scale_ptr), UPCAST)

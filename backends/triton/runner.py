@@ -16,7 +16,7 @@ import torch
 from moe_core import Activation, DispatchFormat, DispatchOutput, MoeRunnerConfig, check_run_inputs
 from moe_core.backends.triton import interpreted
 from moe_core.backends.triton.configs import KernelConfig, choose, nvfp4_dequantizes
-from moe_core.backends.triton.kernels import GELU, SILU, combine_kernel, dequantize_nvfp4_kernel, moe_gemm_kernel
+from moe_core.backends.triton.kernels import GELU, GELU_TANH, SILU, combine_kernel, dequantize_nvfp4_kernel, moe_gemm_kernel
 from moe_core.backends.triton.quant_info import (
     Fp8Accumulation,
     Fp8Activations,
@@ -170,7 +170,9 @@ def fused_moe(
     ids, weights = dispatch.topk.topk_ids, dispatch.topk.topk_weights.contiguous()
     tokens, top_k = ids.shape
     sorted_tokens = sort_tokens(ids, config.num_local_experts, config.local_expert_offset, w13.config.block_m)
-    activation = {Activation.SILU_GATED.value: SILU, Activation.GELU_GATED.value: GELU}[config.activation.value]
+    activation = {
+        Activation.SILU_GATED.value: SILU, Activation.GELU_GATED.value: GELU, Activation.GELU_TANH_GATED.value: GELU_TANH
+    }[config.activation.value]
     static = fp8 if isinstance(fp8, StaticFp8Activations) else None
     x, x_scales = quantize_hidden(hidden.contiguous(), fp8)
     inter_dtype = torch.float8_e4m3fn if static is not None else hidden.dtype
