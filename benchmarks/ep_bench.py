@@ -3,7 +3,8 @@
 Run from the repository root::
 
     python benchmarks/ep_bench.py [--shapes mixtral,deepseek] [--tokens 1,256,4096]
-        [--dispatchers local,all-to-all,all-gather,replicated] [--world-size N] [--backend auto|nccl|gloo] [--iters 20]
+        [--dispatchers local,all-to-all,all-gather,replicated,fp8-all-to-all,fp8-all-gather,nvfp4-all-to-all]
+        [--world-size N] [--backend auto|nccl|gloo] [--iters 20]
 
 It starts one process per rank itself (spawn, a ``file://`` rendezvous):
 NCCL with one GPU per rank where there are several GPUs (world size: all of
@@ -14,7 +15,14 @@ the CPU otherwise. Each rank routes ``T`` random bf16 tokens of its own
 dispatchers' own: ``dispatch`` (count exchange, host sync, packing, the
 payload collective, unpacking) and ``combine`` (the return collective and the
 slot sum). Each is the median over ``--iters`` calls after a barrier, the
-slowest rank's; ``rows`` is the most slot rows one rank's runner got. The
+slowest rank's; ``rows`` is the most slot rows one rank's runner got, and
+``dispatch bytes`` what one rank hands the dispatch's payload collective
+(all-to-all: a row per slot; all-gather: a row per token, which goes to every
+other rank; the count exchange left out). The ``fp8-`` and ``nvfp4-``
+dispatchers quantize each token before the exchange (FP8 with its own
+scale: ``H + 4`` bytes of hidden state per row instead of ``2 H``; NVFP4
+under one input scale, here for an amax of 6: ``H / 2 + H / 16``); their
+times include the quantization, their combine is the same bf16 one. The
 ``local`` row is the world-size-1 layer on each rank, for the cost of the slot
 layout alone. Not captured in CUDA graphs: the communicating dispatchers read
 split sizes back (``GraphCaptureError``).
@@ -44,16 +52,27 @@ from moe_core.distributed import (  # noqa: E402
     AllGatherDispatcher,
     AllToAllDispatcher,
     ExpertPlacement,
+    Fp8SlotRows,
+    Fp8TokenQuantizer,
+    Nvfp4SlotRows,
+    Nvfp4TokenQuantizer,
+    QuantizedAllGatherDispatcher,
+    QuantizedAllToAllDispatcher,
     LocalDispatcher,
     TokenDispatcher,
     TokenSharding,
 )
+from moe_core.distributed.all_gather import token_layout  # noqa: E402
+from moe_core.distributed.all_to_all import slot_layout  # noqa: E402
+from moe_core.distributed.payload import StandardPayload  # noqa: E402
+from moe_core.global_scales import QuantizeGlobalScale  # noqa: E402
 from moe_core.routing import select_experts  # noqa: E402
 
 SHAPES = {"mixtral": (8, 2, 4096), "deepseek": (256, 8, 7168)}
 """name -> (experts, top_k, hidden)."""
-DISPATCHERS = ("local", "all-to-all", "all-gather", "replicated")
+DISPATCHERS = ("local", "all-to-all", "all-gather", "replicated", "fp8-all-to-all", "fp8-all-gather", "nvfp4-all-to-all")
 HandleT = TypeVar("HandleT")
+D = TypeVar("D")
 T = TypeVar("T")
 
 
@@ -79,6 +98,7 @@ class Row:
     dispatch_ms: float
     combine_ms: float
     rows: int
+    dispatch_bytes: int
 
 
 def available_world(world_size: int | None, backend: str) -> World:
@@ -111,22 +131,43 @@ def timed(fn: Callable[[], T], device: torch.device, group: dist.ProcessGroup | 
 
 
 def measure(
-    dispatcher: TokenDispatcher[StandardDispatchOutput, HandleT],
+    dispatcher: TokenDispatcher[D, HandleT],
+    stand_in: Callable[[D], torch.Tensor],
     batch: tuple[torch.Tensor, TopKOutput],
     group: dist.ProcessGroup | None,
     iters: int,
 ) -> tuple[float, float, int]:
-    """Median dispatch and combine ms of this rank, and the slot rows its runner gets."""
+    """Median dispatch and combine ms of this rank, and the slot rows its runner gets (``stand_in`` is the runner)."""
     device = batch[0].device
     dispatch_ms, combine_ms, rows = [], [], 0
     for _ in range(iters + 3):  # three warm-up calls
         dispatched, took = timed(lambda: dispatcher.dispatch(*batch), device, group)
         dispatch_ms.append(took)
-        out = dispatched.dispatch.hidden_states  # the runner's stand-in: one output row per slot row
+        out = stand_in(dispatched.dispatch)  # one output row per slot row
         rows = out.shape[0]
         _, took = timed(lambda: dispatcher.combine(out, dispatched.handle), device, group)
         combine_ms.append(took)
     return statistics.median(dispatch_ms[3:]), statistics.median(combine_ms[3:]), rows
+
+
+def rows_as_output(dispatch: StandardDispatchOutput) -> torch.Tensor:
+    """The runner's stand-in: its input rows."""
+    return dispatch.hidden_states
+
+
+def dequantized_as_output(dispatch: Fp8SlotRows | Nvfp4SlotRows) -> torch.Tensor:
+    """The runner's stand-in for quantized rows: its input rows dequantized, in the activations' dtype."""
+    return dispatch.dequantize().to(dispatch.dtype)
+
+
+def dispatch_bytes(name: str, tokens: int, top_k: int, payload_bytes: int) -> int:
+    """Bytes of the rows one rank hands the dispatch's payload collective (its tokens encoded in ``payload_bytes``
+    each), from the dispatchers' own row layouts."""
+    if name.endswith("all-to-all"):
+        return tokens * top_k * slot_layout(payload_bytes).row_bytes
+    if name.endswith("all-gather"):
+        return tokens * token_layout(payload_bytes, top_k).row_bytes
+    return 0  # local, replicated: nothing is sent before the experts run
 
 
 def slowest(values: tuple[float, float, int], device: torch.device) -> tuple[float, float, int]:
@@ -154,15 +195,31 @@ def run_rank(rank: int, world: World, init: str, shapes: list[str], tokens: list
             gen = torch.Generator(device=device).manual_seed(rank)
             x = torch.randn(count, hidden, generator=gen, device=device).to(torch.bfloat16)
             topk = select_experts(torch.randn(count, experts, generator=gen, device=device), config)
+            fp8, nvfp4 = Fp8TokenQuantizer(), Nvfp4TokenQuantizer(QuantizeGlobalScale.from_amax(6.0))  # randn: amax ~5
+            batch = (x, topk)
             for name in dispatchers:
+                payload_bytes = StandardPayload.of(x).row_bytes
                 if name == "local":
-                    result = measure(LocalDispatcher(), (x, topk), None, iters)
+                    result = measure(LocalDispatcher(), rows_as_output, batch, None, iters)
                 elif name == "all-to-all":
-                    result = measure(AllToAllDispatcher(group, placement), (x, topk), group, iters)
+                    result = measure(AllToAllDispatcher(group, placement), rows_as_output, batch, group, iters)
+                elif name == "fp8-all-to-all":
+                    payload_bytes = fp8.payload(x).row_bytes
+                    fp8_to_all = QuantizedAllToAllDispatcher(group, placement, fp8)
+                    result = measure(fp8_to_all, dequantized_as_output, batch, group, iters)
+                elif name == "fp8-all-gather":
+                    payload_bytes = fp8.payload(x).row_bytes
+                    fp8_gather = QuantizedAllGatherDispatcher(group, placement, fp8)
+                    result = measure(fp8_gather, dequantized_as_output, batch, group, iters)
+                elif name == "nvfp4-all-to-all":
+                    payload_bytes = nvfp4.payload(x).row_bytes
+                    nvfp4_to_all = QuantizedAllToAllDispatcher(group, placement, nvfp4)
+                    result = measure(nvfp4_to_all, dequantized_as_output, batch, group, iters)
                 else:
                     sharding = TokenSharding.REPLICATED if name == "replicated" else TokenSharding.PER_RANK
-                    result = measure(AllGatherDispatcher(group, placement, sharding), (x, topk), group, iters)
-                rows.append(Row(shape, count, name, *slowest(result, device)))
+                    result = measure(AllGatherDispatcher(group, placement, sharding), rows_as_output, batch, group, iters)
+                sent = dispatch_bytes(name, count, top_k, payload_bytes)
+                rows.append(Row(shape, count, name, *slowest(result, device), sent))
             del x, topk
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -174,11 +231,12 @@ def run_rank(rank: int, world: World, init: str, shapes: list[str], tokens: list
 def table(world: World, rows: list[Row]) -> str:
     lines = [
         f"{world.backend}, world size {world.world_size}, {world.device_type} tensors; T per rank; ms: median, slowest rank",
-        "| shape | T | dispatcher | dispatch ms | combine ms | rows |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| shape | T | dispatcher | dispatch ms | combine ms | rows | dispatch bytes |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     lines += [
-        f"| {r.shape} | {r.tokens} | {r.dispatcher} | {r.dispatch_ms:.3f} | {r.combine_ms:.3f} | {r.rows} |" for r in rows
+        f"| {r.shape} | {r.tokens} | {r.dispatcher} | {r.dispatch_ms:.3f} | {r.combine_ms:.3f} | {r.rows} | {r.dispatch_bytes} |"
+        for r in rows
     ]
     return "\n".join(lines)
 

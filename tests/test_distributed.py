@@ -10,8 +10,9 @@ import enum
 import inspect
 import os
 import secrets
-from collections.abc import Callable, Iterator
-from typing import TypeVar
+from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 import attrs
 import pytest
@@ -24,6 +25,9 @@ from moe_core import (
     DenseMoeWeights,
     ExpertFp8Scales,
     ExpertQuantizeGlobalScales,
+    Fp8ChannelExpertWeights,
+    Fp8ChannelMoeWeights,
+    Fp8ChannelScales,
     Fp8ExpertWeights,
     Fp8GateUpWeights,
     Fp8MoeWeights,
@@ -33,39 +37,68 @@ from moe_core import (
     Nvfp4GateUpWeights,
     Nvfp4MoeWeights,
     QuantInfo,
+    QuantizeGlobalScale,
     Runner,
     StandardDispatchOutput,
     TopKOutput,
     create_runner,
 )
-from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_FP8, REFERENCE_NVFP4, REFERENCE_NVFP4_W4A16
+from moe_core.backends.reference import (
+    REFERENCE_DENSE,
+    REFERENCE_FP8,
+    REFERENCE_FP8_CHANNEL,
+    REFERENCE_NVFP4,
+    REFERENCE_NVFP4_W4A16,
+)
+from moe_core.config import Llama4Sigmoid
+from moe_core.formats.nvfp4.reference import fake_quantize_nvfp4
+from moe_core.fp8 import fake_quantize_fp8_per_token
 from moe_core import distributed
 from moe_core.distributed import (
     AllGatherDispatcher,
     AllToAllDispatcher,
     ExpertParallelMoe,
     ExpertPlacement,
+    Fp8RowsReferenceRunner,
+    Fp8SlotRows,
+    Fp8TokenQuantizer,
+    Nvfp4RowsReferenceRunner,
+    Nvfp4SlotRows,
+    Nvfp4TokenQuantizer,
+    QuantizedAllGatherDispatcher,
+    QuantizedAllToAllDispatcher,
+    QuantizedLocalDispatcher,
     GraphCaptureError,
     LocalDispatcher,
     RedundantExpertsError,
     TokenDispatcher,
+    TokenQuantizer,
     TokenSharding,
+    load_expert_parallel,
     slot_config,
     sum_slots,
 )
 from moe_core.distributed.all_gather import AllGatherHandle, gathered_slots, slot_buffer, token_layout
-from moe_core.distributed.all_to_all import AllToAllHandle, Outbox, received_slots, returned_slots
+from moe_core.distributed.all_to_all import AllToAllHandle, Outbox, received_slots, returned_slots, slot_layout
 from moe_core.distributed.collectives import backend_name
-from moe_core.distributed.slots import slot_rows
+from moe_core.distributed.payload import Fp8Payload, Payload, StandardPayload
+from moe_core.checkpoint import MoeCheckpoint
+from moe_core.scheme import MoeScheme
+from moe_core.distributed.protocol import Dispatched
 from moe_core.distributed.wire import RowLayout, as_bytes, from_bytes
 from moe_core.routing import select_experts
-from moe_core.synthetic import quantize_fp8_layer, quantize_nvfp4_layer, random_dense_layer
+from moe_core.synthetic import quantize_fp8_channel_layer, quantize_fp8_layer, quantize_nvfp4_layer, random_dense_layer
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NUM_EXPERTS, HIDDEN, INTER = 7, 32, 32
 """Seven experts: divisible by none of the world sizes 2, 3 and 4."""
 
 Q = TypeVar("Q", bound=QuantInfo)
+D = TypeVar("D")
+"""What a dispatcher delivers: ``StandardDispatchOutput`` or ``Fp8SlotRows``."""
 HandleT = TypeVar("HandleT")
+PayloadOf = Callable[[torch.Tensor], Payload[D]]
+"""A payload for these hidden states (``StandardPayload.of``, ``Fp8Payload.of``)."""
 Forward = Callable[[StandardDispatchOutput], torch.Tensor]
 Take = Callable[[torch.Tensor], torch.Tensor]
 """A per-expert tensor ``[E, ...]`` cut to the experts a runner holds: the identity for the whole layer."""
@@ -326,6 +359,15 @@ def test_row_layout_round_trips_every_dtype(num_rows: int) -> None:
         layout.unpack(rows[:, 1:])
 
 
+@pytest.mark.parametrize("num_rows", [0, 1, 3])
+def test_row_layout_reads_columns_at_offsets_no_multiple_of_their_itemsize(num_rows: int) -> None:
+    """NVFP4 rows of H = 32 are 18 bytes, so an id after them starts at byte 18 of a 26-byte row."""
+    layout = RowLayout(((torch.uint8, 18), (torch.int32, 1), (torch.float32, 1)))
+    tensors = (torch.randint(0, 256, (num_rows, 18), dtype=torch.uint8), torch.arange(num_rows, dtype=torch.int32), torch.randn(num_rows))
+    for before, after in zip(tensors, layout.unpack(layout.pack(*tensors))):
+        assert same_bits(after, before.reshape(after.shape))
+
+
 def test_sum_slots_adds_each_tokens_slots_in_slot_order_in_float32() -> None:
     slots = torch.tensor([[2.0**24], [1.0], [1.0], [1.0], [-(2.0**24)], [1.0]])
     # (2^24 + 1) + 1 rounds to 2^24 at each add; another order, (1 + 1) + 2^24, would give 2^24 + 2
@@ -381,10 +423,15 @@ Parts = list[tuple[torch.Tensor, TopKOutput]]
 """Each rank's tokens and routing."""
 
 
-def simulate_all_to_all(layer: RandomLayer, fmt: str, placement: ExpertPlacement, parts: Parts) -> list[torch.Tensor]:
-    """Each rank's output through :class:`AllToAllDispatcher`'s steps, the two all-to-alls done by slicing."""
-    world, dtype = range(placement.world_size), parts[0][0].dtype
-    outboxes = [Outbox.pack(x, topk, placement) for x, topk in parts]
+def simulate_all_to_all(
+    payload_of: PayloadOf[D], forwards: Sequence[Callable[[D], torch.Tensor]], placement: ExpertPlacement, parts: Parts
+) -> list[torch.Tensor]:
+    """Each rank's output through the all-to-all dispatchers' steps, the two all-to-alls done by slicing.
+
+    ``forwards[rank]`` is rank ``rank``'s runner; ``payload_of`` the dispatcher's payload (standard or FP8).
+    """
+    world, payload = range(placement.world_size), payload_of(parts[0][0])
+    outboxes = [Outbox.pack(payload.encode(x), topk, placement) for x, topk in parts]
     sent = [[int(count) for count in outbox.counts.tolist()] for outbox in outboxes]  # sent[source][destination]
 
     def rows_for(data: torch.Tensor, splits: list[int], rank: int) -> torch.Tensor:
@@ -393,43 +440,68 @@ def simulate_all_to_all(layer: RandomLayer, fmt: str, placement: ExpertPlacement
     outputs = []
     for rank in world:
         received = torch.cat([rows_for(outboxes[source].rows, sent[source], rank) for source in world])
-        dispatch = received_slots(received, dtype, HIDDEN, NUM_EXPERTS)
-        assert dispatch.topk.topk_ids.numel() == 0 or placement.rank_of(dispatch.topk.topk_ids).eq(rank).all()
-        outputs.append(as_bytes(rank_forward(layer, fmt, placement, rank)(dispatch)))
+        _, ids, _ = slot_layout(payload.row_bytes).unpack(received)
+        assert placement.rank_of(ids).eq(rank).all()
+        outputs.append(forwards[rank](received_slots(received, payload, placement.num_experts)))
     results = []
     for rank in world:
         received_from = [sent[source][rank] for source in world]
-        returned = torch.cat([rows_for(outputs[holder], [sent[s][holder] for s in world], rank) for holder in world])
+        returned = torch.cat([rows_for(as_bytes(outputs[holder]), [sent[s][holder] for s in world], rank) for holder in world])
         handle = AllToAllHandle(outboxes[rank].inverse, tuple(sent[rank]), tuple(received_from), parts[rank][1].top_k)
-        results.append(returned_slots(returned, handle, dtype, HIDDEN))
+        results.append(returned_slots(returned, handle, outputs[0].dtype, outputs[0].shape[1]))
     return results
 
 
 def simulate_all_gather(
-    layer: RandomLayer, fmt: str, placement: ExpertPlacement, parts: Parts, tokens: TokenSharding
+    payload_of: PayloadOf[D],
+    forwards: Sequence[Callable[[D], torch.Tensor]],
+    placement: ExpertPlacement,
+    parts: Parts,
+    tokens: TokenSharding,
 ) -> list[torch.Tensor]:
-    """Each rank's output through :class:`AllGatherDispatcher`'s steps, the gather and the byte sum done in place."""
-    world, top_k, dtype = range(placement.world_size), parts[0][1].top_k, parts[0][0].dtype
+    """Each rank's output through the all-gather dispatchers' steps, the gather and the byte sum done in place."""
+    world, top_k, payload = range(placement.world_size), parts[0][1].top_k, payload_of(parts[0][0])
     if tokens is TokenSharding.PER_RANK:
         counts = tuple(x.shape[0] for x, _ in parts)
-        layout = token_layout(dtype, HIDDEN, top_k)
-        padded = [F.pad(layout.pack(x, t.topk_ids, t.topk_weights), (0, 0, 0, max(counts) - x.shape[0])) for x, t in parts]
-        hidden, ids, weights = layout.unpack(torch.cat(padded))
+        layout = token_layout(payload.row_bytes, top_k)
+        padded = [
+            F.pad(layout.pack(payload.encode(x), t.topk_ids, t.topk_weights), (0, 0, 0, max(counts) - x.shape[0]))
+            for x, t in parts
+        ]
+        encoded, ids, weights = layout.unpack(torch.cat(padded))
     else:
         x, topk = parts[0]
-        counts, hidden, ids, weights = (x.shape[0],), x, topk.topk_ids, topk.topk_weights
-    buffers = []
+        counts, encoded, ids, weights = (x.shape[0],), payload.encode(x), topk.topk_ids, topk.topk_weights
+    buffers, (dtype, hidden_size) = [], (parts[0][0].dtype, parts[0][0].shape[1])
     for rank in world:
-        slot_hidden, slot_ids, slot_weights, selected = gathered_slots(hidden, ids, weights, counts, placement.experts_of(rank))
-        out = rank_forward(layer, fmt, placement, rank)(slot_rows(slot_hidden, slot_ids, slot_weights, NUM_EXPERTS))
+        slot_tokens, slot_ids, slot_weights, selected = gathered_slots(
+            encoded, ids, weights, counts, placement.experts_of(rank)
+        )
+        out = forwards[rank](payload.decode(slot_tokens, slot_ids, slot_weights, placement.num_experts))
         buffers.append(slot_buffer(out, AllGatherHandle(selected, counts, top_k)))
     stacked = torch.stack(buffers)
     assert bool(((stacked != 0).sum(dim=0) <= 1).all()), "a byte written by two ranks: the byte sum would not be exact"
     summed = stacked.sum(dim=0, dtype=torch.uint8)
     if tokens is TokenSharding.REPLICATED:
-        return [sum_slots(from_bytes(summed, dtype, HIDDEN), top_k) for _ in world]
+        return [sum_slots(from_bytes(summed, dtype, hidden_size), top_k) for _ in world]
     blocks = summed.view(len(world), -1, summed.shape[1])
-    return [sum_slots(from_bytes(blocks[rank][: counts[rank] * top_k], dtype, HIDDEN), top_k) for rank in world]
+    return [sum_slots(from_bytes(blocks[rank][: counts[rank] * top_k], dtype, hidden_size), top_k) for rank in world]
+
+
+def simulated_outputs(
+    payload_of: PayloadOf[D], forwards: Sequence[Callable[[D], torch.Tensor]], scenario: Scenario, x: torch.Tensor, topk: TopKOutput
+) -> Iterator[tuple[str, int, torch.Tensor, slice]]:
+    """``(dispatcher, rank, output, the rows of the batch it is for)`` for every simulated dispatcher and rank."""
+    world_size = len(forwards)
+    placement = ExpertPlacement(topk.num_experts, world_size)
+    parts = [rank_batch(x, topk, rank_rows(scenario, world_size, rank)) for rank in range(world_size)]
+    for name, outputs in (
+        ("all-to-all", simulate_all_to_all(payload_of, forwards, placement, parts)),
+        ("all-gather", simulate_all_gather(payload_of, forwards, placement, parts, TokenSharding.PER_RANK)),
+        ("replicated", simulate_all_gather(payload_of, forwards, placement, [(x, topk)] * world_size, TokenSharding.REPLICATED)),
+    ):
+        for rank, out in enumerate(outputs):
+            yield name, rank, out, slice(None) if name == "replicated" else rank_rows(scenario, world_size, rank)
 
 
 SIMULATED = [
@@ -446,15 +518,236 @@ def test_simulated_ranks_equal_the_single_rank_layer(world_size: int, fmt: str, 
     layer, placement = RandomLayer.make(scenario.top_k, seed), ExpertPlacement(NUM_EXPERTS, world_size)
     x, topk = scenario.batch(world_size, seed)
     expected = single_rank_output(layer, fmt, x, topk)
-    parts = [rank_batch(x, topk, rank_rows(scenario, world_size, rank)) for rank in range(world_size)]
-    for name, outputs in (
-        ("all-to-all", simulate_all_to_all(layer, fmt, placement, parts)),
-        ("all-gather", simulate_all_gather(layer, fmt, placement, parts, TokenSharding.PER_RANK)),
-        ("replicated", simulate_all_gather(layer, fmt, placement, [(x, topk)] * world_size, TokenSharding.REPLICATED)),
-    ):
-        for rank, out in enumerate(outputs):
-            want = expected if name == "replicated" else expected[rank_rows(scenario, world_size, rank)]
-            assert same_bits(out, want), f"{name}: rank {rank} differs from the single-rank layer's rows"
+    forwards = [rank_forward(layer, fmt, placement, rank) for rank in range(world_size)]
+    for name, rank, out, rows in simulated_outputs(StandardPayload.of, forwards, scenario, x, topk):
+        assert same_bits(out, expected[rows]), f"{name}: rank {rank} differs from the single-rank layer's rows"
+
+
+# ---- quantized payloads: each token quantized before the exchange ---------------------------------------------------
+
+
+def fp8_channel_weights(layer: RandomLayer, take: Take) -> Fp8ChannelMoeWeights:
+    """The layer in FP8 per channel (no input scales: activations are quantized per token), cut to a rank's experts."""
+    full = quantize_fp8_channel_layer(layer.config, layer.dense, layer.calibration)
+
+    def cut(weights: Fp8ChannelExpertWeights) -> Fp8ChannelExpertWeights:
+        return Fp8ChannelExpertWeights(take(weights.codes), Fp8ChannelScales.from_checkpoint(take(weights.scales.value)))
+
+    return Fp8ChannelMoeWeights(w13=cut(full.w13), w2=cut(full.w2))
+
+
+def fp8_channel_forward(layer: RandomLayer, config: MoeRunnerConfig, take: Take) -> Forward:
+    return bind(create_runner(REFERENCE_FP8_CHANNEL, config), fp8_channel_weights(layer, take))
+
+
+def fp8_rows_forward(layer: RandomLayer, config: MoeRunnerConfig, take: Take) -> Callable[[Fp8SlotRows], torch.Tensor]:
+    runner, weights = Fp8RowsReferenceRunner(config), fp8_channel_weights(layer, take)
+
+    def forward(rows: Fp8SlotRows) -> torch.Tensor:
+        return runner.run(rows, weights)
+
+    return forward
+
+
+def nvfp4_rows_forward(layer: RandomLayer, config: MoeRunnerConfig, take: Take) -> Callable[[Nvfp4SlotRows], torch.Tensor]:
+    runner, weights = Nvfp4RowsReferenceRunner(config), nvfp4_weights(layer, take)
+
+    def forward(rows: Nvfp4SlotRows) -> torch.Tensor:
+        return runner.run(rows, weights)
+
+    return forward
+
+
+@attrs.frozen
+class QuantizedRows(Generic[D]):
+    """A quantized payload under test: its quantizer for a layer, the runner of its rows, and the standard layer
+    (unquantized rows, the format's own reference) it must equal bit for bit."""
+
+    name: str
+    quantizer: Callable[[RandomLayer], TokenQuantizer[D]]
+    forward: Callable[[RandomLayer, MoeRunnerConfig, Take], Callable[[D], torch.Tensor]]
+    standard: Callable[[RandomLayer, MoeRunnerConfig, Take], Forward]
+
+    def rank_forward(self, layer: RandomLayer, placement: ExpertPlacement, rank: int) -> Callable[[D], torch.Tensor]:
+        """Rank ``rank``'s runner over quantized slot rows, on its slice of the layer."""
+
+        def take(per_expert: torch.Tensor) -> torch.Tensor:
+            return placement.local_slice(per_expert, rank)
+
+        return self.forward(layer, slot_config(placement.runner_config(layer.config, rank)), take)
+
+    def single_rank_output(self, layer: RandomLayer, x: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
+        """The world-of-one layer that quantizes each token here (:class:`QuantizedLocalDispatcher`), every expert."""
+        dispatcher = QuantizedLocalDispatcher(self.quantizer(layer))
+        return ExpertParallelMoe(dispatcher, self.forward(layer, dispatcher.runner_config(layer.config), whole))(x, topk)
+
+
+def _fp8_quantizer(layer: RandomLayer) -> Fp8TokenQuantizer:
+    return Fp8TokenQuantizer()
+
+
+def _nvfp4_quantizer(layer: RandomLayer) -> Nvfp4TokenQuantizer:
+    return Nvfp4TokenQuantizer(nvfp4_weights(layer, whole).w13_input_scale)
+
+
+FP8_ROWS = QuantizedRows("fp8-rows", _fp8_quantizer, fp8_rows_forward, fp8_channel_forward)
+"""FP8 per token: the FP8 channel format (``reference-fp8-channel``) without its first round trip."""
+NVFP4_ROWS = QuantizedRows("nvfp4-rows", _nvfp4_quantizer, nvfp4_rows_forward, nvfp4_forward)
+"""NVFP4 under ``w13_input_scale``: ``reference-nvfp4`` without its first round trip."""
+
+
+def check_equals_the_standard_layer(rows: QuantizedRows[D], scenario: Scenario) -> None:
+    layer = RandomLayer.make(scenario.top_k, fresh_seed())
+    x, topk = scenario.batch(1, seed=7)
+    standard = ExpertParallelMoe(LocalDispatcher(), rows.standard(layer, LocalDispatcher().runner_config(layer.config), whole))
+    assert same_bits(rows.single_rank_output(layer, x, topk), standard(x, topk))
+
+
+def check_simulated_ranks(rows: QuantizedRows[D], world_size: int, scenario: Scenario) -> None:
+    seed = fresh_seed()
+    layer, placement = RandomLayer.make(scenario.top_k, seed), ExpertPlacement(NUM_EXPERTS, world_size)
+    x, topk = scenario.batch(world_size, seed)
+    expected = rows.single_rank_output(layer, x, topk)
+    forwards = [rows.rank_forward(layer, placement, rank) for rank in range(world_size)]
+    for name, rank, out, mine in simulated_outputs(rows.quantizer(layer).payload, forwards, scenario, x, topk):
+        assert same_bits(out, expected[mine]), f"{name}: rank {rank} differs from the {rows.name} single-rank layer's rows"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[scenario.name for scenario in SCENARIOS])
+@pytest.mark.parametrize("payload", ["fp8", "nvfp4"])
+def test_quantized_rows_layer_is_the_formats_own_layer(payload: str, scenario: Scenario) -> None:
+    """A token quantized before the exchange is the format's own first round trip of it: the same bits."""
+    if payload == "fp8":
+        check_equals_the_standard_layer(FP8_ROWS, scenario)
+    else:
+        check_equals_the_standard_layer(NVFP4_ROWS, scenario)
+
+
+@pytest.mark.parametrize(
+    ("world_size", "scenario"),
+    [pytest.param(size, scenario, id=f"w{size}-{scenario.name}") for size in (1, 2, 3, 4) for scenario in SCENARIOS],
+)
+@pytest.mark.parametrize("payload", ["fp8", "nvfp4"])
+def test_simulated_ranks_with_quantized_rows_equal_the_single_rank_layer(payload: str, world_size: int, scenario: Scenario) -> None:
+    if payload == "fp8":
+        check_simulated_ranks(FP8_ROWS, world_size, scenario)
+    else:
+        check_simulated_ranks(NVFP4_ROWS, world_size, scenario)
+
+
+def test_nvfp4_payload_sends_each_tokens_codes_and_block_scales() -> None:
+    layer = RandomLayer.make(2, fresh_seed())
+    quantizer = _nvfp4_quantizer(layer)
+    x = layer.calibration.hidden_states
+    payload = quantizer.payload(x)
+    assert Nvfp4TokenQuantizer(quantizer.input_scale).payload(torch.zeros(1, 4096)).row_bytes == 2048 + 256
+    encoded = payload.encode(x)
+    assert same_bits(payload.encode(x[2:4]), encoded[2:4]), "a token's bytes depend on its row alone"
+    rows = payload.decode(encoded, torch.zeros(x.shape[0], dtype=torch.int32), torch.ones(x.shape[0]), NUM_EXPERTS)
+    assert same_bits(rows.dequantize(), fake_quantize_nvfp4(x, quantizer.input_scale))
+    with pytest.raises(ValueError, match="hidden_states: expected a multiple of 16 columns for NVFP4 blocks, got 24"):
+        quantizer.payload(torch.zeros(2, 24))
+    other = Nvfp4TokenQuantizer(QuantizeGlobalScale.from_amax(1.0)).payload(x)
+    other_rows = other.decode(other.encode(x), rows.topk.topk_ids.flatten(), rows.topk.topk_weights.flatten(), NUM_EXPERTS)
+    runner = Nvfp4RowsReferenceRunner(slot_config(layer.config))
+    with pytest.raises(ValueError, match="rows: quantized with global scale .*, expected the weights' w13_input_scale"):
+        runner.run(other_rows, nvfp4_weights(layer, whole))
+
+
+def test_fp8_payload_sends_each_tokens_codes_and_scale() -> None:
+    assert (Fp8Payload(torch.bfloat16, 4096).row_bytes, StandardPayload(torch.bfloat16, 4096).row_bytes) == (4100, 8192)
+    x = (torch.randn(5, HIDDEN) * torch.logspace(-3, 3, 5)[:, None]).to(torch.bfloat16)
+    x[3] = 0  # a row of zeros takes the smallest scale, not a division by zero
+    payload = Fp8Payload.of(x)
+    encoded = payload.encode(x)
+    assert same_bits(payload.encode(x[2:4]), encoded[2:4]), "a token's bytes depend on its row alone"
+    rows = payload.decode(encoded, torch.zeros(5, dtype=torch.int32), torch.ones(5), NUM_EXPERTS)
+    assert rows.dtype == torch.bfloat16 and rows.codes.dtype == torch.float8_e4m3fn
+    assert same_bits(rows.dequantize(), fake_quantize_fp8_per_token(x.float()))
+
+
+def test_fp8_rows_and_their_runner_refuse_what_they_cannot_take() -> None:
+    x, topk = SCENARIOS[1].batch(1, seed=0)
+    rows = QuantizedLocalDispatcher(Fp8TokenQuantizer()).dispatch(x, topk).dispatch
+    with pytest.raises(TypeError, match="codes: expected dtype torch.float8_e4m3fn, got torch.bfloat16"):
+        Fp8SlotRows(rows.codes.to(torch.bfloat16), rows.scales, rows.topk, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"scales: expected shape \(6, 1\) \[rows like codes, 1\]"):
+        Fp8SlotRows(rows.codes, rows.scales.flatten(), rows.topk, torch.bfloat16)
+    with pytest.raises(ValueError, match="topk: expected one expert for each of the 3 rows, got \\(3, 2\\)"):
+        Fp8SlotRows(rows.codes[:3], rows.scales[:3], topk, torch.bfloat16)
+    with pytest.raises(TypeError, match="dtype: expected one of"):
+        Fp8SlotRows(rows.codes, rows.scales, rows.topk, torch.int8)
+    config = MoeRunnerConfig(
+        num_experts=16, hidden_size=HIDDEN, intermediate_size_per_partition=INTER, top_k=1, routing_method=Llama4Sigmoid()
+    )
+    with pytest.raises(ValueError, match="config.routing_method: .* weights each expert's input"):
+        Fp8RowsReferenceRunner(config)
+
+
+# ---- checkpoint layers per rank: load_expert_parallel ---------------------------------------------------------------
+
+
+CHECKPOINTS = ("qwen3_moe_nvfp4", "mixtral_nvfp4_split", "qwen3_moe_bf16")
+"""Eight experts each: compressed-tensors NVFP4 (stock, and gate/up scales apart) and the unquantized source."""
+CHECKPOINT_TOKENS = Scenario("checkpoint", (5, 0, 7, 3))
+
+
+def checkpoint_batch(checkpoint: MoeCheckpoint, num_tokens: int, seed: int) -> tuple[torch.Tensor, TopKOutput]:
+    """Random bf16 tokens routed by the checkpoint's own router of layer 0."""
+    x = torch.randn(num_tokens, checkpoint.hidden_size, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    return x, select_experts(x.float() @ checkpoint.router_weight(0).float().T, checkpoint.runner_config())
+
+
+def checkpoint_single_rank_output(checkpoint: MoeCheckpoint, x: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
+    """Layer 0 of ``checkpoint`` on a world of one (local dispatcher), loaded as every rank loads its part."""
+    return load_expert_parallel(checkpoint, 0, LocalDispatcher(), device=torch.device("cpu"))(x, topk)
+
+
+@attrs.frozen
+class SimulatedRank:
+    """Rank ``rank``'s dispatcher in the simulated harness: its runner config; the exchanges are simulated."""
+
+    placement: ExpertPlacement
+    rank: int
+
+    def runner_config(self, config: MoeRunnerConfig) -> MoeRunnerConfig:
+        return slot_config(self.placement.runner_config(config, self.rank))
+
+    def dispatch(self, hidden_states: torch.Tensor, topk: TopKOutput) -> Dispatched[StandardDispatchOutput, None]:
+        raise AssertionError("simulated: the test does the exchange")
+
+    def combine(self, out: torch.Tensor, handle: None) -> torch.Tensor:
+        raise AssertionError("simulated: the test does the exchange")
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_simulated_ranks_of_a_checkpoint_equal_its_single_rank_layer(world_size: int, name: str) -> None:
+    checkpoint = MoeCheckpoint(FIXTURES / name)
+    x, topk = checkpoint_batch(checkpoint, sum(CHECKPOINT_TOKENS.token_counts(world_size)), fresh_seed())
+    expected = checkpoint_single_rank_output(checkpoint, x, topk)
+    placement, cpu = ExpertPlacement(checkpoint.num_experts, world_size), torch.device("cpu")
+    layers = [load_expert_parallel(checkpoint, 0, SimulatedRank(placement, rank), device=cpu) for rank in range(world_size)]
+    schemes: list[MoeScheme] = [getattr(layer.forward, "__self__") for layer in layers]  # forward: its scheme's apply
+    assert [(scheme.config.num_local_experts, scheme.config.local_expert_offset) for scheme in schemes] == [
+        (len(placement.experts_of(rank)), placement.offsets[rank]) for rank in range(world_size)
+    ]
+    forwards = [layer.forward for layer in layers]
+    for out_name, rank, out, rows in simulated_outputs(StandardPayload.of, forwards, CHECKPOINT_TOKENS, x, topk):
+        assert same_bits(out, expected[rows]), f"{out_name}: rank {rank} differs from the single-rank layer's rows"
+    single = checkpoint.load_layer(0).apply(StandardDispatchOutput(x, topk)).float()
+    assert (expected.float() - single).abs().max() <= 2.0**-6 * single.abs().max(), "slots rounded to bf16 before the sum"
+
+
+def test_load_expert_parallel_refuses_a_wrong_checkpoint_device_or_placement() -> None:
+    checkpoint = MoeCheckpoint(FIXTURES / CHECKPOINTS[0])
+    with pytest.raises(TypeError, match="checkpoint: expected a MoeCheckpoint, got str"):
+        path = str(FIXTURES / CHECKPOINTS[0])
+        load_expert_parallel(path, 0, LocalDispatcher(), device=torch.device("cpu"))  # type: ignore[arg-type]  # refused
+    with pytest.raises(TypeError, match="device: expected a torch.device, got 'cpu'"):
+        load_expert_parallel(checkpoint, 0, LocalDispatcher(), device="cpu")  # type: ignore[arg-type]  # refused
+    with pytest.raises(ValueError, match=r"config.num_experts: expected 7 like the placement, got 8"):
+        load_expert_parallel(checkpoint, 0, SimulatedRank(ExpertPlacement(7, 2), 1), device=torch.device("cpu"))
 
 
 # ---- one real process group of one rank, in this process ------------------------------------------------------------
@@ -482,6 +775,41 @@ def test_dispatchers_on_a_world_of_one_are_the_single_rank_layer(world_of_one: d
     assert same_bits(layer_output(replicated, layer, fmt, x, topk), expected)
 
 
+def check_quantized_dispatchers_on_a_world_of_one(rows: QuantizedRows[D], group: dist.ProcessGroup) -> None:
+    layer, placement = RandomLayer.make(3, fresh_seed()), ExpertPlacement(NUM_EXPERTS, 1)
+    x, topk = SCENARIOS[0].batch(1, seed=11)
+    expected, quantizer = rows.single_rank_output(layer, x, topk), rows.quantizer(layer)
+
+    def output(dispatcher: TokenDispatcher[D, HandleT]) -> torch.Tensor:
+        return ExpertParallelMoe(dispatcher, rows.forward(layer, dispatcher.runner_config(layer.config), whole))(x, topk)
+
+    assert same_bits(output(QuantizedAllToAllDispatcher(group, placement, quantizer)), expected)
+    assert same_bits(output(QuantizedAllGatherDispatcher(group, placement, quantizer)), expected)
+    assert same_bits(output(QuantizedAllGatherDispatcher(group, placement, quantizer, TokenSharding.REPLICATED)), expected)
+
+
+@pytest.mark.distributed
+def test_quantized_dispatchers_on_a_world_of_one_are_the_quantized_single_rank_layer(world_of_one: dist.ProcessGroup) -> None:
+    check_quantized_dispatchers_on_a_world_of_one(FP8_ROWS, world_of_one)
+    check_quantized_dispatchers_on_a_world_of_one(NVFP4_ROWS, world_of_one)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_load_expert_parallel_on_a_world_of_one_is_the_local_layer(world_of_one: dist.ProcessGroup, name: str) -> None:
+    checkpoint = MoeCheckpoint(FIXTURES / name)
+    x, topk = checkpoint_batch(checkpoint, 9, fresh_seed())
+    expected = checkpoint_single_rank_output(checkpoint, x, topk)
+    placement, cpu = ExpertPlacement(checkpoint.num_experts, 1), torch.device("cpu")
+
+    def output(dispatcher: TokenDispatcher[StandardDispatchOutput, HandleT]) -> torch.Tensor:
+        return load_expert_parallel(checkpoint, 0, dispatcher, device=cpu)(x, topk)
+
+    assert same_bits(output(AllToAllDispatcher(world_of_one, placement)), expected)
+    assert same_bits(output(AllGatherDispatcher(world_of_one, placement)), expected)
+    assert same_bits(output(AllGatherDispatcher(world_of_one, placement, TokenSharding.REPLICATED)), expected)
+
+
 @pytest.mark.distributed
 def test_backend_name_resolves_a_per_device_backend(world_of_one: dist.ProcessGroup, monkeypatch: pytest.MonkeyPatch) -> None:
     assert backend_name(world_of_one, torch.device("cpu")) == "gloo"
@@ -495,6 +823,11 @@ def test_dispatchers_refuse_a_placement_of_another_world(world_of_one: dist.Proc
     for make in (AllToAllDispatcher, AllGatherDispatcher):
         with pytest.raises(ValueError, match="placement: expected world_size=1 like the group, got 2"):
             make(world_of_one, ExpertPlacement(NUM_EXPERTS, 2))
+    for quantized in (QuantizedAllToAllDispatcher, QuantizedAllGatherDispatcher):
+        with pytest.raises(ValueError, match="placement: expected world_size=1 like the group, got 2"):
+            quantized(world_of_one, ExpertPlacement(NUM_EXPERTS, 2), Fp8TokenQuantizer())
+        with pytest.raises(TypeError, match="quantizer: expected a TokenQuantizer"):
+            quantized(world_of_one, ExpertPlacement(NUM_EXPERTS, 1), torch.bfloat16)  # type: ignore[arg-type]  # refused
 
 
 @pytest.mark.distributed
@@ -509,7 +842,12 @@ def test_dispatchers_that_read_sizes_back_refuse_cuda_graph_capture(
         AllToAllDispatcher(world_of_one, placement).dispatch(x, topk)
     with pytest.raises(GraphCaptureError, match="AllGatherDispatcher.dispatch"):
         AllGatherDispatcher(world_of_one, placement).dispatch(x, topk)
+    with pytest.raises(GraphCaptureError, match="QuantizedAllToAllDispatcher.dispatch: reads its split sizes back"):
+        QuantizedAllToAllDispatcher(world_of_one, placement, Fp8TokenQuantizer()).dispatch(x, topk)
+    with pytest.raises(GraphCaptureError, match="QuantizedAllGatherDispatcher.dispatch"):
+        QuantizedAllGatherDispatcher(world_of_one, placement, Fp8TokenQuantizer()).dispatch(x, topk)
     LocalDispatcher().dispatch(x, topk)  # no host sync: capturable where its runner is
+    QuantizedLocalDispatcher(Fp8TokenQuantizer()).dispatch(x, topk)
 
 
 def test_dispatch_checks_the_routing_against_the_placement() -> None:

@@ -19,7 +19,8 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 from unittest import mock
 
 import attrs
@@ -29,20 +30,33 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
+from moe_core.checkpoint import MoeCheckpoint
 from moe_core.distributed import (
     AllGatherDispatcher,
     AllToAllDispatcher,
     ExpertParallelMoe,
     ExpertPlacement,
+    Fp8SlotRows,
+    Nvfp4SlotRows,
+    QuantizedAllGatherDispatcher,
+    QuantizedAllToAllDispatcher,
     TokenDispatcher,
     TokenSharding,
+    load_expert_parallel,
 )
 from tests.test_distributed import (
+    CHECKPOINT_TOKENS,
+    CHECKPOINTS,
+    FIXTURES,
     FORMATS,
-    NUM_EXPERTS,
+    FP8_ROWS,
+    NVFP4_ROWS,
     SCENARIOS,
+    QuantizedRows,
     RandomLayer,
     Scenario,
+    checkpoint_batch,
+    checkpoint_single_rank_output,
     fresh_seed,
     rank_batch,
     rank_rows,
@@ -58,7 +72,14 @@ WORLD_TIMEOUT_S = 90.0
 DISPATCHERS = ("all-to-all", "all-gather", "all-gather-reduce-scatter", "replicated")
 """``all-gather`` on gloo all-reduces (gloo lacks reduce_scatter in older torch); ``-reduce-scatter`` forces the other
 branch."""
-CASES = [(fmt, dispatcher, scenario) for fmt in FORMATS for dispatcher in DISPATCHERS for scenario in SCENARIOS]
+CASES = [
+    *[(fmt, dispatcher, scenario) for fmt in FORMATS for dispatcher in DISPATCHERS for scenario in SCENARIOS],
+    *[(FP8_ROWS.name, dispatcher, scenario) for dispatcher in ("all-to-all", "all-gather", "replicated") for scenario in SCENARIOS],
+    *[(NVFP4_ROWS.name, dispatcher, scenario) for dispatcher in ("all-to-all", "all-gather") for scenario in SCENARIOS],
+    *[(name, dispatcher, CHECKPOINT_TOKENS) for name in CHECKPOINTS for dispatcher in ("all-to-all", "all-gather")],
+]
+"""Every reference format through every dispatcher; tokens quantized before the exchange (FP8, NVFP4); checkpoint
+layers loaded per rank by ``load_expert_parallel``."""
 HandleT = TypeVar("HandleT")
 
 
@@ -76,34 +97,71 @@ class Verdict:
     """Slot rows the rank's runner got."""
 
 
+class Routed(Protocol):
+    """What every dispatch type has: each row's routing."""
+
+    @property
+    def topk(self) -> TopKOutput: ...
+
+
+R = TypeVar("R", bound=Routed)
+
+
+def moved_topk(topk: TopKOutput, device: torch.device) -> TopKOutput:
+    return TopKOutput(topk.topk_ids.to(device), topk.topk_weights.to(device), num_experts=topk.num_experts, check_values=False)
+
+
 def on_device(dispatch: StandardDispatchOutput, device: torch.device) -> StandardDispatchOutput:
     """``dispatch`` with its tensors on ``device`` (values as delivered, not re-checked)."""
-    topk = dispatch.topk
-    moved = TopKOutput(
-        topk.topk_ids.to(device), topk.topk_weights.to(device), num_experts=topk.num_experts, check_values=False
-    )
-    return StandardDispatchOutput(dispatch.hidden_states.to(device), moved)
+    return StandardDispatchOutput(dispatch.hidden_states.to(device), moved_topk(dispatch.topk, device))
 
 
-def run_rank(
-    dispatcher: TokenDispatcher[StandardDispatchOutput, HandleT],
+def fp8_on_device(rows: Fp8SlotRows, device: torch.device) -> Fp8SlotRows:
+    """``rows`` with their tensors on ``device``."""
+    return Fp8SlotRows(rows.codes.to(device), rows.scales.to(device), moved_topk(rows.topk, device), rows.dtype)
+
+
+def nvfp4_on_device(rows: Nvfp4SlotRows, device: torch.device) -> Nvfp4SlotRows:
+    """``rows`` with their tensors on ``device``."""
+    return Nvfp4SlotRows(rows.activations.to(device), moved_topk(rows.topk, device), rows.dtype)
+
+
+def quantized_output(
+    rows: QuantizedRows[R],
+    move: Callable[[R, torch.device], R],
     layer: RandomLayer,
-    fmt: str,
-    placement: ExpertPlacement,
+    group: dist.ProcessGroup,
+    dispatcher: str,
     batch: tuple[torch.Tensor, TopKOutput],
     device: torch.device,
 ) -> tuple[torch.Tensor, int]:
-    """This rank's layer output (on the CPU) and the slot rows its runner got; the tokens travel on ``device``."""
-    rank, rows = dist.get_rank(), []
+    """This rank's output through the quantized dispatcher named ``dispatcher`` (all-to-all or all-gather)."""
+    rank, placement, quantizer = group.rank(), ExpertPlacement(layer.config.num_experts, group.size()), rows.quantizer(layer)
 
     def take(per_expert: torch.Tensor) -> torch.Tensor:
         return placement.local_slice(per_expert, rank)
 
-    runner = FORMATS[fmt](layer, dispatcher.runner_config(layer.config), take)
+    if dispatcher == "all-to-all":
+        to_all = QuantizedAllToAllDispatcher(group, placement, quantizer)
+        return run_rank(to_all, rows.forward(layer, to_all.runner_config(layer.config), take), move, batch, device)
+    tokens = TokenSharding.REPLICATED if dispatcher == "replicated" else TokenSharding.PER_RANK
+    gather = QuantizedAllGatherDispatcher(group, placement, quantizer, tokens)
+    return run_rank(gather, rows.forward(layer, gather.runner_config(layer.config), take), move, batch, device)
 
-    def forward(dispatch: StandardDispatchOutput) -> torch.Tensor:
+
+def run_rank(
+    dispatcher: TokenDispatcher[R, HandleT],
+    runner: Callable[[R], torch.Tensor],
+    move: Callable[[R, torch.device], R],
+    batch: tuple[torch.Tensor, TopKOutput],
+    device: torch.device,
+) -> tuple[torch.Tensor, int]:
+    """This rank's layer output (on the CPU) and the slot rows its runner got; the tokens travel on ``device``."""
+    rows = []
+
+    def forward(dispatch: R) -> torch.Tensor:
         rows.append(dispatch.topk.num_tokens)
-        return runner(on_device(dispatch, torch.device("cpu"))).to(device)
+        return runner(move(dispatch, torch.device("cpu"))).to(device)
 
     x, topk = batch
     moved = on_device(StandardDispatchOutput(x, topk), device)
@@ -113,25 +171,44 @@ def run_rank(
 def run_case(
     group: dist.ProcessGroup, fmt: str, dispatcher: str, scenario: Scenario, seed: int, device: torch.device
 ) -> Verdict:
-    world_size, rank = group.size(), group.rank()
-    placement = ExpertPlacement(NUM_EXPERTS, world_size)
+    world_size, rank, cpu = group.size(), group.rank(), torch.device("cpu")
     layer = RandomLayer.make(scenario.top_k, seed)
-    x, topk = scenario.batch(world_size, seed)
-    expected = single_rank_output(layer, fmt, x, topk)
-    if dispatcher == "replicated":
-        replicated = AllGatherDispatcher(group, placement, TokenSharding.REPLICATED)
-        out, rows = run_rank(replicated, layer, fmt, placement, (x, topk), device)
+    checkpoint = MoeCheckpoint(FIXTURES / fmt) if fmt in CHECKPOINTS else None
+    if checkpoint is not None:
+        x, topk = checkpoint_batch(checkpoint, sum(scenario.token_counts(world_size)), seed)
+        expected = checkpoint_single_rank_output(checkpoint, x, topk)
     else:
+        x, topk = scenario.batch(world_size, seed)
+        quantized = {FP8_ROWS.name: FP8_ROWS.single_rank_output, NVFP4_ROWS.name: NVFP4_ROWS.single_rank_output}
+        expected = quantized[fmt](layer, x, topk) if fmt in quantized else single_rank_output(layer, fmt, x, topk)
+    placement = ExpertPlacement(topk.num_experts, world_size)
+    batch = (x, topk)
+    if dispatcher != "replicated":
         mine = rank_rows(scenario, world_size, rank)
-        expected = expected[mine]
-        batch = rank_batch(x, topk, mine)
-        if dispatcher == "all-to-all":
-            out, rows = run_rank(AllToAllDispatcher(group, placement), layer, fmt, placement, batch, device)
-        elif dispatcher == "all-gather":
-            out, rows = run_rank(AllGatherDispatcher(group, placement), layer, fmt, placement, batch, device)
-        else:  # NCCL's branch, reduce_scatter itself: gloo has it in the torch pinned here
-            with mock.patch("moe_core.distributed.collectives.backend_name", return_value="nccl"):
-                out, rows = run_rank(AllGatherDispatcher(group, placement), layer, fmt, placement, batch, device)
+        expected, batch = expected[mine], rank_batch(x, topk, mine)
+    tokens = TokenSharding.REPLICATED if dispatcher == "replicated" else TokenSharding.PER_RANK
+
+    def take(per_expert: torch.Tensor) -> torch.Tensor:
+        return placement.local_slice(per_expert, rank)
+
+    def standard(made: TokenDispatcher[StandardDispatchOutput, HandleT]) -> tuple[torch.Tensor, int]:
+        if checkpoint is None:
+            runner = FORMATS[fmt](layer, made.runner_config(layer.config), take)
+        else:
+            runner = load_expert_parallel(checkpoint, 0, made, device=cpu).forward
+        return run_rank(made, runner, on_device, batch, device)
+
+    if fmt == FP8_ROWS.name:
+        out, rows = quantized_output(FP8_ROWS, fp8_on_device, layer, group, dispatcher, batch, device)
+    elif fmt == NVFP4_ROWS.name:
+        out, rows = quantized_output(NVFP4_ROWS, nvfp4_on_device, layer, group, dispatcher, batch, device)
+    elif dispatcher == "all-to-all":
+        out, rows = standard(AllToAllDispatcher(group, placement))
+    elif dispatcher == "all-gather-reduce-scatter":  # NCCL's branch, reduce_scatter itself: gloo has it in the torch pinned here
+        with mock.patch("moe_core.distributed.collectives.backend_name", return_value="nccl"):
+            out, rows = standard(AllGatherDispatcher(group, placement))
+    else:
+        out, rows = standard(AllGatherDispatcher(group, placement, tokens))
     if same_bits(out, expected):
         return Verdict(None, rows)
     differ = (out.float() - expected.float()).abs().max() if out.shape == expected.shape else "-"

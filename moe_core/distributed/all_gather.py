@@ -7,7 +7,9 @@ returns each rank its tokens' slot outputs. For tensor-parallel attention
 (every rank the same tokens, :attr:`TokenSharding.REPLICATED`) nothing is
 gathered and an all-reduce returns them. Choosing this rank's slots reads
 their count back (a host sync), so neither layout is capturable in a CUDA
-graph yet (:class:`GraphCaptureError`).
+graph yet (:class:`GraphCaptureError`). Each token is encoded by a payload
+before it is gathered (:mod:`~moe_core.distributed.payload`: as it is here,
+quantized in :mod:`~moe_core.distributed.quantized`).
 
 Exact by construction: the buffer reduced holds one row per gathered
 ``(token, slot)``, written by the one rank holding that slot's expert and
@@ -24,6 +26,7 @@ partial sum per token.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import final
 
 import attrs
@@ -34,9 +37,10 @@ import torch.nn.functional as F
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 from moe_core.distributed.collectives import all_gather_rows, gather_counts, reduce_scatter_rows, refuse_capture, sum_rows
+from moe_core.distributed.payload import Payload, StandardPayload
 from moe_core.distributed.placement import ExpertPlacement
-from moe_core.distributed.protocol import Dispatched
-from moe_core.distributed.slots import check_rows, slot_config, slot_rows, sum_slots
+from moe_core.distributed.protocol import Dispatched, FormatT
+from moe_core.distributed.slots import check_rows, slot_config, sum_slots
 from moe_core.distributed.wire import RowLayout, as_bytes, from_bytes
 
 
@@ -49,9 +53,9 @@ class TokenSharding(enum.Enum):
     """The same tokens as every other rank (tensor-parallel attention): no gather, all-reduce."""
 
 
-def token_layout(dtype: torch.dtype, hidden_size: int, top_k: int) -> RowLayout:
-    """A token row on the wire: its hidden state, its top-k expert ids and weights."""
-    return RowLayout(((dtype, hidden_size), (torch.int32, top_k), (torch.float32, top_k)))
+def token_layout(token_bytes: int, top_k: int) -> RowLayout:
+    """A token row on the wire: its encoded row (:mod:`~moe_core.distributed.payload`), its top-k expert ids and weights."""
+    return RowLayout(((torch.uint8, token_bytes), (torch.int32, top_k), (torch.float32, top_k)))
 
 
 def gathered_slots(
@@ -61,7 +65,7 @@ def gathered_slots(
     token_counts: tuple[int, ...],
     experts: range,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The slot rows of gathered tokens routed to ``experts``: hidden states, expert ids, weights, and their indices.
+    """The slot rows of gathered tokens routed to ``experts``: token rows, expert ids, weights, and their indices.
 
     The gathered token rows (``[W * T_max, ...]``) are ``len(token_counts)``
     blocks of ``T_max = max(token_counts)`` rows, block ``r`` holding rank
@@ -96,6 +100,48 @@ def slot_buffer(out: torch.Tensor, handle: AllGatherHandle) -> torch.Tensor:
     return data.new_zeros((slots, data.shape[1])).index_copy_(0, handle.selected, data)
 
 
+def gather_slots(
+    where: str,
+    payload_of: Callable[[torch.Tensor], Payload[FormatT]],
+    hidden_states: torch.Tensor,
+    topk: TopKOutput,
+    placement: ExpertPlacement,
+    group: dist.ProcessGroup,
+    tokens: TokenSharding,
+) -> Dispatched[FormatT, AllGatherHandle]:
+    """The all-gather dispatch of ``hidden_states`` in the payload ``payload_of`` makes for them (``where`` names the
+    caller in errors)."""
+    refuse_capture(where)
+    placement.check_routing(hidden_states, topk)
+    payload = payload_of(hidden_states)
+    rows, ids, weights = payload.encode(hidden_states), topk.topk_ids, topk.topk_weights
+    token_counts: tuple[int, ...] = (topk.num_tokens,)
+    if tokens is TokenSharding.PER_RANK:
+        world_size = group.size()
+        token_counts = gather_counts(topk.num_tokens, hidden_states.device, group, world_size)
+        layout = token_layout(payload.row_bytes, topk.top_k)
+        packed = F.pad(layout.pack(rows, ids, weights), (0, 0, 0, max(token_counts) - topk.num_tokens))
+        rows, ids, weights = layout.unpack(all_gather_rows(packed, group, world_size))
+    slot_tokens, slot_ids, slot_weights, selected = gathered_slots(
+        rows, ids, weights, token_counts, placement.experts_of(group.rank())
+    )
+    dispatch = payload.decode(slot_tokens, slot_ids, slot_weights, topk.num_experts)
+    return Dispatched(dispatch, AllGatherHandle(selected, token_counts, topk.top_k))
+
+
+def scatter_slots(out: torch.Tensor, handle: AllGatherHandle, group: dist.ProcessGroup, tokens: TokenSharding) -> torch.Tensor:
+    """Every slot output to its token's rank (bytes, exactly), then each token's slots added in slot order."""
+    buffer = slot_buffer(out, handle)
+    if tokens is TokenSharding.REPLICATED:
+        sum_rows(buffer, group)
+        mine = buffer
+    else:
+        rank = group.rank()
+        mine = reduce_scatter_rows(buffer, group, rank, group.size())
+        mine = mine[: handle.token_counts[rank] * handle.top_k]
+    return sum_slots(from_bytes(mine, out.dtype, out.shape[1]), handle.top_k)
+
+
 @final
 @attrs.frozen(eq=False)
 class AllGatherDispatcher:
@@ -121,29 +167,9 @@ class AllGatherDispatcher:
 
     def dispatch(self, hidden_states: torch.Tensor, topk: TopKOutput) -> Dispatched[StandardDispatchOutput, AllGatherHandle]:
         """The slot rows of every rank's tokens routed to this rank's experts, in gathered ``(token, slot)`` order."""
-        refuse_capture("AllGatherDispatcher.dispatch")
-        self.placement.check_routing(hidden_states, topk)
-        hidden, ids, weights = hidden_states, topk.topk_ids, topk.topk_weights
-        token_counts: tuple[int, ...] = (topk.num_tokens,)
-        if self.tokens is TokenSharding.PER_RANK:
-            world_size = self.group.size()
-            token_counts = gather_counts(topk.num_tokens, hidden_states.device, self.group, world_size)
-            layout = token_layout(hidden_states.dtype, hidden_states.shape[1], topk.top_k)
-            rows = F.pad(layout.pack(hidden, ids, weights), (0, 0, 0, max(token_counts) - topk.num_tokens))
-            hidden, ids, weights = layout.unpack(all_gather_rows(rows, self.group, world_size))
-        experts = self.placement.experts_of(self.group.rank())
-        slot_hidden, slot_ids, slot_weights, selected = gathered_slots(hidden, ids, weights, token_counts, experts)
-        dispatch = slot_rows(slot_hidden, slot_ids, slot_weights, topk.num_experts)
-        return Dispatched(dispatch, AllGatherHandle(selected, token_counts, topk.top_k))
+        where = "AllGatherDispatcher.dispatch"
+        return gather_slots(where, StandardPayload.of, hidden_states, topk, self.placement, self.group, self.tokens)
 
     def combine(self, out: torch.Tensor, handle: AllGatherHandle) -> torch.Tensor:
         """Every slot output to its token's rank (bytes, exactly), then each token's slots added in slot order."""
-        buffer = slot_buffer(out, handle)
-        if self.tokens is TokenSharding.REPLICATED:
-            sum_rows(buffer, self.group)
-            mine = buffer
-        else:
-            rank = self.group.rank()
-            mine = reduce_scatter_rows(buffer, self.group, rank, self.group.size())
-            mine = mine[: handle.token_counts[rank] * handle.top_k]
-        return sum_slots(from_bytes(mine, out.dtype, out.shape[1]), handle.top_k)
+        return scatter_slots(out, handle, self.group, self.tokens)

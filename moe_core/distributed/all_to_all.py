@@ -3,7 +3,9 @@
 Counts first (an all-to-all of ``W`` ints and one host sync for the split
 sizes), then one all-to-all of byte rows each way; every rank takes part in
 both, with or without tokens to send or receive. Not capturable in a CUDA
-graph (the split sizes are read back): :class:`GraphCaptureError`.
+graph (the split sizes are read back): :class:`GraphCaptureError`. Each
+token is encoded by a payload before it is packed (:mod:`~moe_core.distributed.payload`:
+as it is here, quantized in :mod:`~moe_core.distributed.quantized`).
 
 Why the result is the single-rank layer's, bit for bit, for the reference
 runners: the sender orders its slots by destination rank with a stable sort,
@@ -20,6 +22,7 @@ own tolerance.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import final
 
 import attrs
@@ -29,15 +32,16 @@ import torch.distributed as dist
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 from moe_core.distributed.collectives import all_to_all_rows, exchange_counts, refuse_capture
+from moe_core.distributed.payload import Payload, StandardPayload
 from moe_core.distributed.placement import ExpertPlacement
-from moe_core.distributed.protocol import Dispatched
-from moe_core.distributed.slots import check_rows, slot_config, slot_rows, sum_slots
+from moe_core.distributed.protocol import Dispatched, FormatT
+from moe_core.distributed.slots import check_rows, slot_config, sum_slots
 from moe_core.distributed.wire import RowLayout, as_bytes, from_bytes
 
 
-def slot_layout(dtype: torch.dtype, hidden_size: int) -> RowLayout:
-    """A slot row on the wire: its token's hidden state, its global expert id, its top-k weight."""
-    return RowLayout(((dtype, hidden_size), (torch.int32, 1), (torch.float32, 1)))
+def slot_layout(token_bytes: int) -> RowLayout:
+    """A slot row on the wire: its token's encoded row (:mod:`~moe_core.distributed.payload`), expert id, weight."""
+    return RowLayout(((torch.uint8, token_bytes), (torch.int32, 1), (torch.float32, 1)))
 
 
 @final
@@ -53,24 +57,22 @@ class Outbox:
     """int64 ``[T * K]``: the row of ``rows`` holding slot ``t * K + k``."""
 
     @classmethod
-    def pack(cls, hidden_states: torch.Tensor, topk: TopKOutput, placement: ExpertPlacement) -> Outbox:
-        """The outbox of ``hidden_states [T, H]`` routed by ``topk``."""
+    def pack(cls, tokens: torch.Tensor, topk: TopKOutput, placement: ExpertPlacement) -> Outbox:
+        """The outbox of the encoded token rows ``tokens`` (uint8 ``[T, B]``) routed by ``topk``."""
         destination, order = torch.sort(placement.rank_of(topk.topk_ids).flatten(), stable=True)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         ranks = torch.arange(placement.world_size + 1, device=order.device)
         counts = torch.searchsorted(destination, ranks).diff()  # no host sync, unlike bincount on CUDA
-        layout = slot_layout(hidden_states.dtype, hidden_states.shape[1])
-        rows = layout.pack(
-            hidden_states[order // topk.top_k], topk.topk_ids.flatten()[order], topk.topk_weights.flatten()[order]
-        )
+        layout = slot_layout(tokens.shape[1])
+        rows = layout.pack(tokens[order // topk.top_k], topk.topk_ids.flatten()[order], topk.topk_weights.flatten()[order])
         return cls(rows, counts, inverse)
 
 
-def received_slots(rows: torch.Tensor, dtype: torch.dtype, hidden_size: int, num_experts: int) -> StandardDispatchOutput:
-    """The runner's input from the byte rows an all-to-all delivered."""
-    hidden, ids, weights = slot_layout(dtype, hidden_size).unpack(rows)
-    return slot_rows(hidden, ids, weights, num_experts)
+def received_slots(rows: torch.Tensor, payload: Payload[FormatT], num_experts: int) -> FormatT:
+    """The runner's input from the byte rows an all-to-all delivered, decoded by ``payload``."""
+    tokens, ids, weights = slot_layout(payload.row_bytes).unpack(rows)
+    return payload.decode(tokens, ids.flatten(), weights.flatten(), num_experts)
 
 
 @final
@@ -91,6 +93,33 @@ def returned_slots(returned: torch.Tensor, handle: AllToAllHandle, dtype: torch.
     """This rank's ``[T, H]`` output from its slot rows' outputs, returned as bytes in the order they were sent."""
     slots = from_bytes(returned.index_select(0, handle.inverse), dtype, hidden_size)
     return sum_slots(slots, handle.top_k)
+
+
+def exchange_slots(
+    where: str,
+    payload_of: Callable[[torch.Tensor], Payload[FormatT]],
+    hidden_states: torch.Tensor,
+    topk: TopKOutput,
+    placement: ExpertPlacement,
+    group: dist.ProcessGroup,
+) -> Dispatched[FormatT, AllToAllHandle]:
+    """The all-to-all dispatch of ``hidden_states`` in the payload ``payload_of`` makes for them (``where`` names the
+    caller in errors)."""
+    refuse_capture(where)
+    placement.check_routing(hidden_states, topk)
+    payload = payload_of(hidden_states)
+    outbox = Outbox.pack(payload.encode(hidden_states), topk, placement)
+    send_splits, recv_splits = exchange_counts(outbox.counts, group)
+    received = all_to_all_rows(outbox.rows, send_splits, recv_splits, group)
+    dispatch = received_slots(received, payload, topk.num_experts)
+    return Dispatched(dispatch, AllToAllHandle(outbox.inverse, send_splits, recv_splits, topk.top_k))
+
+
+def return_slots(out: torch.Tensor, handle: AllToAllHandle, group: dist.ProcessGroup) -> torch.Tensor:
+    """Each received row's output back to its rank; there, each token's slots added in slot order."""
+    check_rows(out, sum(handle.recv_splits))
+    returned = all_to_all_rows(as_bytes(out), handle.recv_splits, handle.send_splits, group)
+    return returned_slots(returned, handle, out.dtype, out.shape[1])
 
 
 @final
@@ -115,18 +144,9 @@ class AllToAllDispatcher:
 
     def dispatch(self, hidden_states: torch.Tensor, topk: TopKOutput) -> Dispatched[StandardDispatchOutput, AllToAllHandle]:
         """The slot rows of every rank for this rank's experts, in source-rank then ``(token, slot)`` order."""
-        refuse_capture("AllToAllDispatcher.dispatch")
-        self.placement.check_routing(hidden_states, topk)
-        outbox = Outbox.pack(hidden_states, topk, self.placement)
-        send_splits, recv_splits = exchange_counts(outbox.counts, self.group)
-        received = all_to_all_rows(outbox.rows, send_splits, recv_splits, self.group)
-        handle = AllToAllHandle(outbox.inverse, send_splits, recv_splits, topk.top_k)
-        dispatch = received_slots(received, hidden_states.dtype, hidden_states.shape[1], topk.num_experts)
-        return Dispatched(dispatch, handle)
+        where = "AllToAllDispatcher.dispatch"
+        return exchange_slots(where, StandardPayload.of, hidden_states, topk, self.placement, self.group)
 
     def combine(self, out: torch.Tensor, handle: AllToAllHandle) -> torch.Tensor:
         """Each received row's output back to its rank; there, each token's slots added in slot order."""
-        check_rows(out, sum(handle.recv_splits))
-        returned = all_to_all_rows(as_bytes(out), handle.recv_splits, handle.send_splits, self.group)
-        return returned_slots(returned, handle, out.dtype, out.shape[1])
-
+        return return_slots(out, handle, self.group)

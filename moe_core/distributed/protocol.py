@@ -8,10 +8,11 @@ import attrs
 import torch
 
 from moe_core.config import MoeRunnerConfig
-from moe_core.dispatch import DispatchOutput, TopKOutput
+from moe_core.dispatch import TopKOutput
 
-FormatT = TypeVar("FormatT", bound=DispatchOutput)
-"""The dispatch type a dispatcher delivers, the one its runner's forward must take."""
+FormatT = TypeVar("FormatT")
+"""The dispatch type a dispatcher delivers, the one its runner's forward must take: a ``DispatchOutput`` for
+activations as they are, another type for rows quantized before the exchange (:mod:`~moe_core.distributed.payload`)."""
 HandleT = TypeVar("HandleT")
 """What one dispatch leaves for its combine."""
 

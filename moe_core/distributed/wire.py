@@ -16,8 +16,16 @@ def as_bytes(rows: torch.Tensor) -> torch.Tensor:
 
 
 def from_bytes(data: torch.Tensor, dtype: torch.dtype, columns: int) -> torch.Tensor:
-    """uint8 ``data [N, columns * itemsize]`` read as ``[N, columns]`` of ``dtype``."""
-    return data.contiguous().view(dtype).reshape(data.shape[0], columns)
+    """uint8 ``data [N, columns * itemsize]`` read as ``[N, columns]`` of ``dtype``.
+
+    A column slice of one row (or none) counts as contiguous while its offset
+    or row stride is no multiple of the itemsize, which a view refuses: such
+    a slice is copied.
+    """
+    data = data.contiguous()
+    if data.storage_offset() % dtype.itemsize or data.stride(0) % dtype.itemsize:
+        data = data.new_empty(data.shape).copy_(data)
+    return data.view(dtype).reshape(data.shape[0], columns)
 
 
 @final
