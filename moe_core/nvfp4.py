@@ -96,7 +96,7 @@ def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
 
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
     """Unpack bytes ``[..., n]`` into codes ``[..., 2n]`` (low nibble first)."""
-    return torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(*packed.shape[:-1], -1)
+    return torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
 
 
 def _as_blocks(x: torch.Tensor) -> torch.Tensor:
