@@ -95,6 +95,13 @@ def require_positive(name: str, tensor: torch.Tensor) -> None:
         raise ValueError(f"{name}: expected values > 0, got minimum {float(tensor.min())}")
 
 
+def require_finite_non_negative(name: str, tensor: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless every value of ``tensor`` is finite and >= 0 (where values can be read)."""
+    require_finite(name, tensor)
+    if values_readable(tensor) and tensor.numel() and not bool((tensor >= 0).all()):
+        raise ValueError(f"{name}: expected values >= 0, got minimum {float(tensor.min())}")
+
+
 def require_int(name: str, value: int, *, minimum: int) -> None:
     """Raise unless ``value`` is an ``int`` (not ``bool``) of at least ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int):

@@ -12,7 +12,7 @@ from moe_core._checks import (
     FLOAT_DTYPES,
     require_distinct_per_row,
     require_dtype,
-    require_finite,
+    require_finite_non_negative,
     require_ids_in_range,
     require_int,
     require_ndim,
@@ -41,8 +41,8 @@ class TopKOutput:
 
     The constructor checks dtypes, shapes and devices from metadata alone.
     With ``check_values`` (the default) it also reads the values back: ids in
-    range and distinct per row, weights finite (two synchronizations). A
-    serving loop that builds one per forward passes ``check_values=False``;
+    range and distinct per row, weights finite and >= 0 (every routing
+    method's are; raw logits are not weights). A serving loop that builds one per forward passes ``check_values=False``;
     the value checks are skipped on meta tensors and while a CUDA graph is
     being captured. Unchecked duplicate ids are outside the contract: kernels
     differ (most add each slot's contribution, so the expert counts twice).
@@ -77,7 +77,7 @@ class TopKOutput:
         if self.check_values:
             require_ids_in_range("topk_ids", self.topk_ids, self.num_experts, "num_experts")
             require_distinct_per_row("topk_ids", self.topk_ids)
-            require_finite("topk_weights", self.topk_weights)
+            require_finite_non_negative("topk_weights", self.topk_weights)
 
     @property
     def num_tokens(self) -> int:

@@ -333,8 +333,15 @@ class _ExpertScales(_TensorScale):
 
     @classmethod
     def from_checkpoint(cls, tensor: torch.Tensor) -> Self:
-        """Per-expert scales as a checkpoint stores them in this class's convention, ``[E]`` float32."""
-        require_tensor(f"{cls.__name__}.from_checkpoint", tensor)
+        """Per-expert scales as a checkpoint stores them in this class's convention, ``[E]`` float32; refuses a
+        strided view (a fused ``[E, 2]`` gate/up scale's ``[:, 0]`` gives the up half the gate's scales)."""
+        name = f"{cls.__name__}.from_checkpoint"
+        require_tensor(name, tensor)
+        if not tensor.is_contiguous():
+            raise ValueError(
+                f"{name}: got a strided view (like a fused [E, 2] gate/up scale's [:, 0], which gives both halves "
+                "the gate's scales); pass each half's own [E] values"
+            )
         return cls._of(tensor)
 
 

@@ -226,7 +226,15 @@ class Route(Generic[W, Q]):
         return self._conversion.apply(weights)
 
     def bind(self, config: MoeRunnerConfig, weights: W) -> BoundRunner[Q]:
-        """A runner for ``config`` bound to ``weights`` converted once."""
+        """A runner for ``config`` bound to ``weights`` converted once.
+
+        Raises :class:`BackendSelectionError` where the backend refuses this
+        layer on the weights' device: a route chosen for one config is never
+        run on another that its backend does not compute.
+        """
+        support = self.supports(DeviceSpec.of(self.source.narrow(weights).device), LayerSpec(config, self.source))
+        if not support.ok:
+            raise BackendSelectionError(f"backend {self.name!r} cannot run this {self.source.name} layer: {support.describe()}")
         return self._key.bind(config, self._quant_info(weights))
 
 
@@ -382,6 +390,8 @@ class _Slot:
 
 _REGISTRY: dict[str, _Slot] = {}
 _DISCOVERY: dict[str, str | None] = {}
+_DISCOVERING: list[bool] = []
+"""Non-empty while :func:`discover_backends` runs (the modules it imports register through it)."""
 """Each discovered module (in-tree module or entry point) and the error that stopped it, or None; empty until the
 first discovery."""
 
@@ -407,6 +417,7 @@ def register_backend(
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: expected a non-empty str, got {name!r}")
+    discover_backends()  # moe-core's own names are taken first, also by a plugin that registers before anyone asked
     if name in _REGISTRY:
         raise ValueError(f"name: a backend named {name!r} is already registered")
     if not isinstance(priority, Priority):
@@ -459,16 +470,20 @@ def discover_backends() -> dict[str, str | None]:
     Returns each module's label (``moe_core.backends.<name>`` or the entry
     point's name) with None where it loaded, or the error that stopped it.
     """
-    if _DISCOVERY:
+    if _DISCOVERY or _DISCOVERING:
         return dict(_DISCOVERY)
-    package = importlib.import_module(IN_TREE_PACKAGE)
-    for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
-        if not module.name.startswith("_"):
-            name = f"{IN_TREE_PACKAGE}.{module.name}"
-            _load(name, name)
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        if entry.module.split(".")[:2] != IN_TREE_PACKAGE.split("."):
-            _load(entry.module, entry.name)
+    _DISCOVERING.append(True)
+    try:
+        package = importlib.import_module(IN_TREE_PACKAGE)
+        for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
+            if not module.name.startswith("_"):
+                name = f"{IN_TREE_PACKAGE}.{module.name}"
+                _load(name, name)
+        for entry in entry_points(group=ENTRY_POINT_GROUP):
+            if entry.module.split(".")[:2] != IN_TREE_PACKAGE.split("."):
+                _load(entry.module, entry.name)
+    finally:
+        _DISCOVERING.clear()
     return dict(_DISCOVERY)
 
 

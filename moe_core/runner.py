@@ -6,7 +6,7 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from moe_core._checks import require_distinct_per_row, require_finite, require_ids_in_range
+from moe_core._checks import require_distinct_per_row, require_finite, require_finite_non_negative, require_ids_in_range
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import DispatchFormat, DispatchOutput
 
@@ -105,5 +105,5 @@ def check_run_values(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:
     topk = dispatch.topk
     require_ids_in_range("topk_ids", topk.topk_ids, config.num_experts, "num_experts")
     require_distinct_per_row("topk_ids", topk.topk_ids)
-    require_finite("topk_weights", topk.topk_weights)
+    require_finite_non_negative("topk_weights", topk.topk_weights)
     require_finite("hidden_states", dispatch.hidden_states)

@@ -42,6 +42,9 @@ def test_expert_0s_scale_is_refused_as_the_scalar_for_all(gen: torch.Generator) 
     per_expert = (torch.rand(8, generator=gen) + 0.5) * 1e4  # quantize side, as compressed-tensors stores them
     with pytest.raises(ValueError, match=r"one-element view into a larger tensor \(like per_expert\[:1\]"):
         QuantizeGlobalScale.from_checkpoint(per_expert[:1], policy=ExpertScalePolicy.CONSERVATIVE)
+    fused = per_expert.reshape(4, 2)  # gate/up weight global scales side by side: [:, 0] is the gate's alone
+    with pytest.raises(ValueError, match=r"strided view \(like a fused \[E, 2\] gate/up scale's \[:, 0\]"):
+        ExpertQuantizeGlobalScales.from_checkpoint(fused[:, 0])
     with pytest.raises(ValueError, match="experts disagree"):
         QuantizeGlobalScale.from_checkpoint(per_expert, policy=ExpertScalePolicy.REQUIRE_EQUAL)
     scalar = QuantizeGlobalScale.from_checkpoint(per_expert, policy=ExpertScalePolicy.CONSERVATIVE)
@@ -194,3 +197,12 @@ def test_finite_check_finds_a_bad_value_in_any_expert_slice(
             require_finite("stack", broken)
     with pytest.raises(ValueError, match="scale: expected finite values"):
         require_finite("scale", torch.tensor(float("nan")).to(dtype))
+
+
+def test_topk_weights_must_be_weights_not_logits(gen: torch.Generator) -> None:
+    """Raw router logits handed over as top-k weights (a forgotten softmax): negative values are refused by name."""
+    logits = torch.randn(5, 8, generator=gen)
+    values, ids = logits.topk(2)
+    values[0, 0] = -abs(float(values[0, 0])) - 0.1
+    with pytest.raises(ValueError, match=r"topk_weights: expected values >= 0, got minimum -"):
+        TopKOutput(ids.to(torch.int32), values, num_experts=8)

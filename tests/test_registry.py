@@ -310,3 +310,28 @@ def test_reference_supports_reasons() -> None:
     assert reference_supports(DeviceSpec.parse("meta"), layer).reasons == ("meta tensors hold no values to compute with",)
     if not torch.cuda.is_available():
         assert reference_supports(DeviceSpec.parse("cuda"), layer).reasons == ("torch sees no CUDA device",)
+
+
+def test_registering_before_anyone_asked_cannot_take_an_in_tree_name() -> None:
+    """A plugin's own register_backend call runs discovery first, so moe-core's references keep their names."""
+    direct = (
+        "from moe_core import Priority, Tier, register_backend, registered_backends\n"
+        "try:\n"
+        "    register_backend('reference-dense', description='impostor', factory=lambda c: None,\n"
+        "                     supports=lambda d, l: None, priority=Priority(Tier.KERNEL))\n"
+        "except ValueError as error:\n"
+        "    print(error)\n"
+        "print(sorted(e.name for e in registered_backends() if e.name.startswith('reference-'))[:2])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", direct], capture_output=True, text=True, check=True)
+    assert "a backend named 'reference-dense' is already registered" in result.stdout, result.stdout + result.stderr
+    assert "['reference-dense', 'reference-fp8']" in result.stdout
+
+
+def test_a_route_refuses_to_bind_a_config_its_backend_refuses(gen: torch.Generator) -> None:
+    """Chosen for one layer, bound to another: the backend's answer for the bound config decides."""
+    weights, _ = random_nvfp4_layer(CONFIG, 6, torch.float32, torch.device("cpu"), int(torch.randint(2**31, (1,), generator=gen)))
+    route = REFERENCE_NVFP4.route(NVFP4)
+    biased = attrs.evolve(CONFIG, expert_biases=True)
+    with pytest.raises(BackendSelectionError, match="backend 'reference-nvfp4' cannot run this nvfp4 layer: the nvfp4 weights hold no expert biases"):
+        route.bind(biased, weights)
