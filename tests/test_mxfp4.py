@@ -15,7 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from moe_core import MXFP4, E8M0Scales, MoeRunnerConfig, Mxfp4ExpertWeights, Mxfp4MoeWeights, StandardDispatchOutput
+from moe_core import (
+    MXFP4,
+    DeviceSpec,
+    E8M0Scales,
+    LayerSpec,
+    MoeRunnerConfig,
+    Mxfp4ExpertWeights,
+    Mxfp4MoeWeights,
+    StandardDispatchOutput,
+    choose,
+)
+from moe_core.formats.mxfp4 import MXFP4_TO_BF16
 from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_MXFP4
 from moe_core.checkpoint import MoeCheckpoint
 from moe_core.config import ClampedSwiglu
@@ -172,3 +183,25 @@ def test_the_scheme_names_a_wrong_or_missing_tensor() -> None:
         scheme.process_weights_after_loading()
     with pytest.raises(ValueError, match="expert_biases"):
         GptOssMxfp4MoE(MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=64, top_k=2))
+
+
+def test_mxfp4_degrades_to_bf16_where_no_mxfp4_kernel_fits() -> None:
+    """On Hopper the MXFP4 layer runs triton-dense on its bf16 values (named, shown, refused by strict); on the CPU
+    its own oracle."""
+    layer = LayerSpec(MoeRunnerConfig(num_experts=8, hidden_size=2880, intermediate_size_per_partition=2880, top_k=4), MXFP4)
+    hopper = choose(MXFP4, DeviceSpec.parse("sm90"), layer)
+    assert hopper.chosen.name == "triton-dense"
+    assert hopper.degradation is not None and hopper.degradation.startswith("mxfp4 -> dense: weights dequantized once")
+    assert choose(MXFP4, DeviceSpec.parse("sm90"), layer, strict=True).chosen.name == "reference-mxfp4"
+    assert choose(MXFP4, DeviceSpec.parse("cpu"), layer).chosen.name == "reference-mxfp4"
+
+
+def test_the_bf16_degradation_is_exact() -> None:
+    gen = torch.Generator().manual_seed(7)
+    weights = Mxfp4MoeWeights(
+        w13=Mxfp4ExpertWeights.quantize(torch.randn(2, 128, 64, generator=gen) * 3),
+        w2=Mxfp4ExpertWeights.quantize(torch.randn(2, 64, 64, generator=gen) / 50),
+    )
+    dense = MXFP4_TO_BF16.convert(weights)
+    assert dense.w13.dtype == torch.bfloat16
+    assert torch.equal(dense.w13.float(), weights.w13.dequantize()) and torch.equal(dense.w2.float(), weights.w2.dequantize())

@@ -72,6 +72,11 @@ class Mxfp4MoeWeights(ExpertSizes):
             biases = ExpertBiases(w13=layout.to_concatenated(biases.w13, 1), w2=biases.w2)
         return cls(w13=w13.rows(order), w2=w2, biases=biases)
 
+    def dequantized_bf16(self) -> DenseMoeWeights:
+        """The weights in bf16 (exact: an E2M1 value times a power of two below 2**125 is a bf16), for the MXFP4 -> dense
+        degradation."""
+        return self.dequantize(torch.bfloat16)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> DenseMoeWeights:
         """The dense weights (and biases) the codes stand for."""
         biases = None
