@@ -37,6 +37,7 @@ from moe_core import (
     MoeRunnerConfig,
 )
 from moe_core.scheme import SchemeOptions, SchemeSpec
+from moe_core.schemes._compressed_tensors import compressed_tensors_reason
 from moe_core.schemes._shard_tensors import ShardScheme, TensorSpec
 
 STATIC = "compressed-tensors-fp8"
@@ -127,29 +128,14 @@ def _args_problem(args: object, role: str, expected: Mapping[str, object]) -> st
 
 
 def _reason(quantization_config: Mapping[str, object] | None, weights: Mapping[str, object], inputs: Mapping[str, object]) -> str | None:
-    if quantization_config is None:
-        return "the checkpoint is not quantized"
-    method = quantization_config.get("quant_method")
-    if method != "compressed-tensors":
-        return f"quant_method is {method!r}, not 'compressed-tensors'"
-    groups = quantization_config.get("config_groups")
-    if not isinstance(groups, Mapping) or not groups:
-        return "quantization_config has no config_groups"
-    problems = []
-    for name, group in groups.items():
-        if not isinstance(group, Mapping):
-            problems.append(f"{name}: not a mapping")
-            continue
-        fmt = group.get("format", quantization_config.get("format"))
-        problem = (
-            f"format is {fmt!r}, not 'float-quantized'" if fmt != "float-quantized"
-            else _args_problem(group.get("weights"), "weights", weights)
-            or _args_problem(group.get("input_activations"), "input_activations", inputs)
+    def group_problem(group: Mapping[str, object]) -> str | None:
+        return _args_problem(group.get("weights"), "weights", weights) or _args_problem(
+            group.get("input_activations"), "input_activations", inputs
         )
-        if problem is None:
-            return None
-        problems.append(f"{name}: {problem}")
-    return "no matching FP8 config group (" + "; ".join(problems) + ")"
+
+    return compressed_tensors_reason(
+        quantization_config, format_name="float-quantized", group_problem=group_problem, what="matching FP8"
+    )
 
 
 _FP8 = {"num_bits": 8, "type": "float"}

@@ -30,6 +30,7 @@ import torch
 
 from moe_core import NVFP4, ExpertQuantizeGlobalScales, ExpertScalePolicy, MoeRunnerConfig, QuantizeGlobalScale
 from moe_core.scheme import SchemeOptions, SchemeSpec
+from moe_core.schemes._compressed_tensors import compressed_tensors_reason
 from moe_core.schemes._nvfp4_checkpoint import Nvfp4CheckpointScheme, nvfp4_group_problem
 
 
@@ -55,27 +56,9 @@ class CompressedTensorsW4A4Nvfp4MoE(Nvfp4CheckpointScheme):
 
 def unsupported_reason(quantization_config: Mapping[str, object] | None) -> str | None:
     """Why a ``quantization_config`` is not compressed-tensors NVFP4 W4A4 (None: it is)."""
-    if quantization_config is None:
-        return "the checkpoint is not quantized"
-    method = quantization_config.get("quant_method")
-    if method != "compressed-tensors":
-        return f"quant_method is {method!r}, not 'compressed-tensors'"
-    groups = quantization_config.get("config_groups")
-    if not isinstance(groups, Mapping) or not groups:
-        return "quantization_config has no config_groups"
-    problems = []
-    for name, group in groups.items():
-        if not isinstance(group, Mapping):
-            problems.append(f"{name}: not a mapping")
-            continue
-        fmt = group.get("format", quantization_config.get("format"))
-        problem = nvfp4_group_problem(group)
-        if fmt != "nvfp4-pack-quantized":
-            problem = f"format is {fmt!r}, not 'nvfp4-pack-quantized'"
-        if problem is None:
-            return None
-        problems.append(f"{name}: {problem}")
-    return "no NVFP4 W4A4 config group (" + "; ".join(problems) + ")"
+    return compressed_tensors_reason(
+        quantization_config, format_name="nvfp4-pack-quantized", group_problem=nvfp4_group_problem, what="NVFP4 W4A4"
+    )
 
 
 def _for_layer(config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype, options: SchemeOptions) -> CompressedTensorsW4A4Nvfp4MoE:
