@@ -82,6 +82,19 @@ class Fp8TensorScale(_ScalarScale):
         return cls._of(_collapse(cls.__name__, values, policy, values.max()))
 
 
+def _require_weight_scale(name: str, tensor: torch.Tensor) -> None:
+    """Refuse FP8 weight scales above 1: dequantize-side ``amax / 448`` exceeds 1 only for a weight above 448 (model
+    weights are orders of magnitude smaller), so a larger value is the reciprocal: a quantize-side scale, or
+    DeepSeek's ``weight_scale_inv`` (already the dequantize multiplier) inverted once more. Activation scales
+    (:class:`Fp8TensorScale`) may exceed 1 and are not checked."""
+    if values_readable(tensor) and tensor.numel() and bool((tensor > 1).any()):
+        index = tuple(int(i) for i in (tensor > 1).nonzero()[0])
+        raise ValueError(
+            f"{name}: expected dequantize-side FP8 weight scales (amax / 448, at most 1 unless a weight exceeds 448), "
+            f"got {float(tensor[index]):g} at index {index}: a quantize-side scale, or weight_scale_inv inverted?"
+        )
+
+
 @final
 @attrs.frozen(eq=False)
 class ExpertFp8Scales(_ExpertScales):
@@ -91,6 +104,14 @@ class ExpertFp8Scales(_ExpertScales):
     def from_amax(cls, amax: torch.Tensor) -> ExpertFp8Scales:
         """One scale per expert from per-expert amax values ``[E]``."""
         return cls._of(_amax_scale(_expert_amax(amax)))
+
+    @classmethod
+    def from_checkpoint(cls, tensor: torch.Tensor) -> ExpertFp8Scales:
+        """Per-expert weight scales as a checkpoint stores them (dequantize side), ``[E]`` float32; refuses values
+        above 1 (see :func:`_require_weight_scale`)."""
+        require_tensor(f"{cls.__name__}.from_checkpoint", tensor)
+        _require_weight_scale(f"{cls.__name__}.from_checkpoint", tensor)
+        return super().from_checkpoint(tensor)
 
 
 @attrs.frozen(eq=False)
@@ -139,6 +160,7 @@ class Fp8ChannelScales(_ScaleGrid):
     def from_checkpoint(cls, tensor: torch.Tensor) -> Fp8ChannelScales:
         """Stacked checkpoint scales ``[E, rows]`` or ``[E, rows, 1]`` (compressed-tensors stores ``[rows, 1]`` per matrix)."""
         require_tensor(f"{cls.__name__}.from_checkpoint", tensor)
+        _require_weight_scale(f"{cls.__name__}.from_checkpoint", tensor)
         if tensor.dim() == 3 and tensor.shape[2] == 1:
             tensor = tensor[:, :, 0]
         return cls._of(tensor)
@@ -171,8 +193,10 @@ class Fp8BlockScales(_ScaleGrid):
 
     @classmethod
     def from_checkpoint(cls, tensor: torch.Tensor) -> Fp8BlockScales:
-        """Stacked ``weight_scale_inv`` tensors, ``[E, rows / 128, cols / 128]`` float32."""
+        """Stacked ``weight_scale_inv`` tensors, ``[E, rows / 128, cols / 128]`` float32 (the dequantize multiplier,
+        despite the name); refuses values above 1 (see :func:`_require_weight_scale`)."""
         require_tensor(f"{cls.__name__}.from_checkpoint", tensor)
+        _require_weight_scale(f"{cls.__name__}.from_checkpoint", tensor)
         return cls._of(tensor)
 
 

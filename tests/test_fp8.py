@@ -42,9 +42,9 @@ def test_channel_weights_keep_each_rows_own_scale(gen: torch.Generator) -> None:
 
 
 def test_channel_scales_from_a_checkpoint_and_from_per_tensor_scales(gen: torch.Generator) -> None:
-    stored = torch.rand(4, 6, 1, generator=gen) + 0.1  # compressed-tensors keeps [rows, 1] per matrix
+    stored = (torch.rand(4, 6, 1, generator=gen) + 0.1) / 100  # compressed-tensors keeps [rows, 1] per matrix
     assert tuple(Fp8ChannelScales.from_checkpoint(stored).value.shape) == (4, 6)
-    per_tensor = ExpertFp8Scales.from_checkpoint(torch.rand(4, generator=gen) + 0.1)
+    per_tensor = ExpertFp8Scales.from_checkpoint((torch.rand(4, generator=gen) + 0.1) / 100)
     channel = Fp8ChannelScales.from_expert(per_tensor, 6)
     assert torch.equal(channel.value, per_tensor.value[:, None].expand(4, 6))
     with pytest.raises(ValueError, match="Fp8ChannelScales.value: expected a 2-d tensor"):

@@ -193,10 +193,19 @@ def test_one_reads_the_same_in_both_conventions_and_passes() -> None:
     assert ExpertDequantizeGlobalScales.from_checkpoint(ones).num_experts == 3
 
 
-def test_fp8_scales_have_no_side() -> None:
-    """FP8 has one convention (dequantize side) and scales above 1 are real (an amax above 448): no range check."""
+def test_fp8_activation_scales_may_exceed_one_weight_scales_may_not() -> None:
+    """FP8 has one convention (dequantize side). An activation's amax may exceed 448, so an input scale above 1 is
+    real; a weight's does not, so a weight scale above 1 is a reciprocal (quantize side, or an inverted
+    weight_scale_inv) and is refused by name."""
     assert Fp8TensorScale.from_checkpoint(torch.tensor([3.0]), policy=ExpertScalePolicy.REQUIRE_EQUAL).item() == 3.0
-    assert ExpertFp8Scales.from_checkpoint(torch.tensor([3.0, 1e-4])).num_experts == 2
+    assert ExpertFp8Scales.from_checkpoint(torch.tensor([3e-3, 1e-4])).num_experts == 2
+    with pytest.raises(ValueError, match=r"ExpertFp8Scales.from_checkpoint: expected dequantize-side FP8 weight scales"):
+        ExpertFp8Scales.from_checkpoint(torch.tensor([3.0, 1e-4]))
+    inverted = 1 / (torch.rand(2, 2, 2) / 100 + 1e-4)  # DeepSeek's weight_scale_inv, inverted "because of the name"
+    with pytest.raises(ValueError, match=r"Fp8BlockScales.from_checkpoint: .* weight_scale_inv inverted\?"):
+        Fp8BlockScales.from_checkpoint(inverted)
+    with pytest.raises(ValueError, match=r"Fp8ChannelScales.from_checkpoint: expected dequantize-side"):
+        Fp8ChannelScales.from_checkpoint(torch.full((2, 4, 1), 144.0))
 
 
 def test_per_channel_codes_under_collapsed_scales_are_refused(gen: torch.Generator) -> None:
