@@ -12,7 +12,7 @@ wrong shape or dtype at the tensor that has it and a missing tensor by name.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import final
 
 import attrs
@@ -86,13 +86,31 @@ class ParamLayout(enum.Enum):
 
 @final
 @attrs.frozen
+class ShapedLayout:
+    """A per-expert shape :class:`ParamLayout` has no member for, as a function of ``(out_features, in_features)``:
+    E8M0 scales per 32 elements, one-dimensional biases, ``[out, 1]`` channel scales, 128x128 block scales."""
+
+    shape: Callable[[int, int], tuple[int, ...]]
+    """The per-expert shape for a projection of ``(out_features, in_features)``."""
+    description: str
+    """The dims in words, for error messages (e.g. ``[out_features / 128, in_features / 128]``)."""
+
+    def describe(self) -> str:
+        """The dims in words, for error messages."""
+        return self.description
+
+
+@final
+@attrs.frozen
 class ParamSpec:
     """One checkpoint tensor of every expert projection, e.g. ``weight_packed`` (uint8, packed FP4)."""
 
     name: str
     """The checkpoint's name after the projection (``experts.3.up_proj.<name>``)."""
     dtype: torch.dtype
-    layout: ParamLayout
+    layout: ParamLayout | ShapedLayout
+    upcast_from: tuple[torch.dtype, ...] = attrs.field(default=(), kw_only=True)
+    """Narrower dtypes also taken, stored exactly as ``dtype`` (llmcompressor writes FP8 scales in bf16)."""
     every_expert: bool = attrs.field(default=False, kw_only=True)
     """Kept for every expert of the layer, not only this rank's: a static input scale, which collapses into one
     scalar over the whole layer so that every rank quantizes a token alike (whatever the expert placement)."""
@@ -150,8 +168,9 @@ class ExpertParams:
         if spec is None:
             raise ValueError(f"{where}: the {self.scheme} scheme takes no tensor {name!r} (it takes {sorted(self.specs)})")
         require_tensor(where, tensor)
-        if tensor.dtype != spec.dtype:
-            raise TypeError(f"{where}: expected dtype {spec.dtype}, got {tensor.dtype}")
+        if tensor.dtype != spec.dtype and tensor.dtype not in spec.upcast_from:
+            wanted = " or ".join(str(dtype) for dtype in (spec.dtype, *spec.upcast_from))
+            raise TypeError(f"{where}: expected dtype {wanted}, got {tensor.dtype}")
         expected = spec.layout.shape(*_projection_size(config, shard))
         shape = tuple(tensor.shape)
         if shape != expected and not (spec.layout is ParamLayout.SCALAR and shape == (1,)):

@@ -36,18 +36,18 @@ from moe_core import (
     FormatRoute,
     MoeRunnerConfig,
 )
-from moe_core.scheme import SchemeOptions, SchemeSpec
+from moe_core.expert_params import ParamLayout, ParamSpec, ShapedLayout
+from moe_core.scheme import ExpertScheme, SchemeOptions, SchemeSpec
 from moe_core.schemes._compressed_tensors import compressed_tensors_reason
-from moe_core.schemes._shard_tensors import ShardScheme, TensorSpec
 
 STATIC = "compressed-tensors-fp8"
 DYNAMIC = "compressed-tensors-fp8-dynamic"
-_WEIGHT = TensorSpec("weight", torch.float8_e4m3fn, lambda out, cols: (out, cols))
+_WEIGHT = ParamSpec("weight", torch.float8_e4m3fn, ParamLayout.MATRIX)
 _NARROW = (torch.bfloat16, torch.float16)
 """Scale dtypes read exactly into float32: llmcompressor writes scales in the model's dtype."""
 
 
-class CompressedTensorsFp8MoE(ShardScheme[Fp8MoeWeights]):
+class CompressedTensorsFp8MoE(ExpertScheme[Fp8MoeWeights]):
     """One MoE layer of a compressed-tensors ``FP8`` checkpoint (per-tensor weights, static input scales)."""
 
     def __init__(
@@ -66,8 +66,8 @@ class CompressedTensorsFp8MoE(ShardScheme[Fp8MoeWeights]):
             raise TypeError(f"input_scale_policy: expected an ExpertScalePolicy, got {input_scale_policy!r}")
         specs = (
             _WEIGHT,
-            TensorSpec("weight_scale", torch.float32, lambda out, cols: (), upcast_from=_NARROW),
-            TensorSpec("input_scale", torch.float32, lambda out, cols: (), every_expert=True, upcast_from=_NARROW),
+            ParamSpec("weight_scale", torch.float32, ParamLayout.SCALAR, upcast_from=_NARROW),
+            ParamSpec("input_scale", torch.float32, ParamLayout.SCALAR, every_expert=True, upcast_from=_NARROW),
         )
         super().__init__(STATIC, FP8, specs, config, device, backend=backend, strict=strict, activation_dtype=activation_dtype)
         self.input_scale_policy = input_scale_policy
@@ -75,7 +75,7 @@ class CompressedTensorsFp8MoE(ShardScheme[Fp8MoeWeights]):
 
     def canonical_weights(self) -> Fp8MoeWeights:
         """The FP8 weights, gate and up each with its own per-expert scales."""
-        tensors, policy = self.tensors, self.input_scale_policy
+        tensors, policy = self.params, self.input_scale_policy
         codes, scales = tensors.gate_up("weight"), tensors.gate_up("weight_scale")
 
         def half(index: int) -> Fp8ExpertWeights:
@@ -89,7 +89,7 @@ class CompressedTensorsFp8MoE(ShardScheme[Fp8MoeWeights]):
         )
 
 
-class CompressedTensorsFp8DynamicMoE(ShardScheme[Fp8ChannelMoeWeights]):
+class CompressedTensorsFp8DynamicMoE(ExpertScheme[Fp8ChannelMoeWeights]):
     """One MoE layer of a compressed-tensors ``FP8_DYNAMIC`` checkpoint (per-channel weights, per-token inputs)."""
 
     def __init__(
@@ -102,14 +102,15 @@ class CompressedTensorsFp8DynamicMoE(ShardScheme[Fp8ChannelMoeWeights]):
         activation_dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         """Create the layer's tensors on ``device``; ``backend`` forces a backend fed from per-channel FP8 weights."""
-        specs = (_WEIGHT, TensorSpec("weight_scale", torch.float32, lambda out, cols: (out, 1), upcast_from=_NARROW))
+        channel = ShapedLayout(lambda out, cols: (out, 1), "[out_features, 1]")
+        specs = (_WEIGHT, ParamSpec("weight_scale", torch.float32, channel, upcast_from=_NARROW))
         super().__init__(
             DYNAMIC, FP8_CHANNEL, specs, config, device, backend=backend, strict=strict, activation_dtype=activation_dtype
         )
 
     def canonical_weights(self) -> Fp8ChannelMoeWeights:
         """The FP8 weights, each row with its own scale (gate rows then up rows in ``w13``)."""
-        tensors = self.tensors
+        tensors = self.params
         return Fp8ChannelMoeWeights(
             w13=Fp8ChannelExpertWeights(
                 tensors.gate_up_fused("weight"), Fp8ChannelScales.from_checkpoint(tensors.gate_up_fused("weight_scale"))

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 import torch
 
 from moe_core import FP8_BLOCK_SCALED, Fp8BlockExpertWeights, Fp8BlockMoeWeights, Fp8BlockScales, FormatRoute, MoeRunnerConfig
+from moe_core.expert_params import ParamLayout, ParamSpec, ShapedLayout
 from moe_core.fp8 import FP8_BLOCK
-from moe_core.scheme import SchemeOptions, SchemeSpec
-from moe_core.schemes._shard_tensors import ShardScheme, TensorSpec
+from moe_core.scheme import ExpertScheme, SchemeOptions, SchemeSpec
 
 NAME = "deepseek-fp8-block"
 
@@ -28,7 +28,7 @@ def _blocks(out: int, cols: int) -> tuple[int, int]:
     return -(-out // FP8_BLOCK), -(-cols // FP8_BLOCK)
 
 
-class DeepseekFp8MoE(ShardScheme[Fp8BlockMoeWeights]):
+class DeepseekFp8MoE(ExpertScheme[Fp8BlockMoeWeights]):
     """One MoE layer of a block-scaled FP8 checkpoint (DeepSeek-V3 layout)."""
 
     def __init__(
@@ -42,8 +42,8 @@ class DeepseekFp8MoE(ShardScheme[Fp8BlockMoeWeights]):
     ) -> None:
         """Create the layer's tensors on ``device``; ``backend`` forces a backend fed from block-scaled FP8 weights."""
         specs = (
-            TensorSpec("weight", torch.float8_e4m3fn, lambda out, cols: (out, cols)),
-            TensorSpec("weight_scale_inv", torch.float32, _blocks),
+            ParamSpec("weight", torch.float8_e4m3fn, ParamLayout.MATRIX),
+            ParamSpec("weight_scale_inv", torch.float32, ShapedLayout(_blocks, "[out_features / 128, in_features / 128]")),
         )
         super().__init__(
             NAME, FP8_BLOCK_SCALED, specs, config, device, backend=backend, strict=strict, activation_dtype=activation_dtype
@@ -52,7 +52,7 @@ class DeepseekFp8MoE(ShardScheme[Fp8BlockMoeWeights]):
     def canonical_weights(self) -> Fp8BlockMoeWeights:
         """The FP8 weights with their block scales (gate rows then up rows in ``w13``: I is a multiple of 128, so no
         block straddles the halves)."""
-        tensors = self.tensors
+        tensors = self.params
         return Fp8BlockMoeWeights(
             w13=Fp8BlockExpertWeights(
                 tensors.gate_up_fused("weight"), Fp8BlockScales.from_checkpoint(tensors.gate_up_fused("weight_scale_inv"))

@@ -22,13 +22,16 @@ from moe_core import MXFP4, FormatRoute, MoeRunnerConfig, Mxfp4ExpertWeights, Mx
 from moe_core._checks import FLOAT_DTYPES
 from moe_core.formats.dense import ExpertBiases
 from moe_core.mxfp4 import MXFP4_BLOCK, E8M0Scales
-from moe_core.scheme import SchemeOptions, SchemeSpec
-from moe_core.schemes._shard_tensors import ShardScheme, TensorSpec
+from moe_core.expert_params import ParamSpec, ShapedLayout
+from moe_core.scheme import ExpertScheme, SchemeOptions, SchemeSpec
 
 NAME = "gpt-oss-mxfp4"
+_BLOCKS = ShapedLayout(lambda out, cols: (out, cols // MXFP4_BLOCK, MXFP4_BLOCK // 2), "[out_features, in_features / 32, 16]")
+_SCALES = ShapedLayout(lambda out, cols: (out, cols // MXFP4_BLOCK), "[out_features, in_features / 32]")
+_BIAS = ShapedLayout(lambda out, cols: (out,), "[out_features]")
 
 
-class GptOssMxfp4MoE(ShardScheme[Mxfp4MoeWeights]):
+class GptOssMxfp4MoE(ExpertScheme[Mxfp4MoeWeights]):
     """One MoE layer of a gpt-oss MXFP4 checkpoint: codes, E8M0 scales and biases of this rank's experts."""
 
     def __init__(
@@ -51,15 +54,15 @@ class GptOssMxfp4MoE(ShardScheme[Mxfp4MoeWeights]):
             if size % MXFP4_BLOCK:
                 raise ValueError(f"config.{name}: expected a multiple of {MXFP4_BLOCK} (MXFP4 blocks), got {size}")
         specs = (
-            TensorSpec("blocks", torch.uint8, lambda out, cols: (out, cols // MXFP4_BLOCK, MXFP4_BLOCK // 2)),
-            TensorSpec("scales", torch.uint8, lambda out, cols: (out, cols // MXFP4_BLOCK)),
-            TensorSpec("bias", bias_dtype, lambda out, cols: (out,)),
+            ParamSpec("blocks", torch.uint8, _BLOCKS),
+            ParamSpec("scales", torch.uint8, _SCALES),
+            ParamSpec("bias", bias_dtype, _BIAS),
         )
         super().__init__(NAME, MXFP4, specs, config, device, backend=backend, strict=strict, activation_dtype=activation_dtype)
 
     def canonical_weights(self) -> Mxfp4MoeWeights:
         """The MXFP4 weights (gate rows then up rows in ``w13``) and biases, as loaded."""
-        tensors = self.tensors
+        tensors = self.params
 
         def experts(blocks: torch.Tensor, scales: torch.Tensor) -> Mxfp4ExpertWeights:
             return Mxfp4ExpertWeights(blocks.flatten(2), E8M0Scales.from_checkpoint(scales))
