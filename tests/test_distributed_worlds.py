@@ -13,6 +13,7 @@ tests read. Seven experts, so no world size divides them; tiny shapes.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import time
@@ -216,7 +217,11 @@ def run_case(
 
 
 def run_world(rank: int, world_size: int, folder: str, seed: int) -> None:
-    """One rank: every case, its verdicts written to ``folder/rank<rank>.json``."""
+    """One rank: every case, its verdicts written to ``folder/rank<rank>.json``, its stderr (a native crash's stack
+    included) to ``folder/rank<rank>.log`` for the fixture to show."""
+    log = (Path(folder) / f"rank{rank}.log").open("w")  # open until the process exits
+    os.dup2(log.fileno(), 2)
+    faulthandler.enable(log)
     torch.set_num_threads(1)  # tiny tensors: threads would only spin against the other ranks on two cores
     init = f"file://{Path(folder) / 'rendezvous'}"
     device = torch.device("cpu")
@@ -235,7 +240,9 @@ def run_world(rank: int, world_size: int, folder: str, seed: int) -> None:
         verdicts["crash"] = traceback.format_exc()
     finally:
         (Path(folder) / f"rank{rank}.json").write_text(json.dumps(verdicts))
-        dist.destroy_process_group()
+    if "crash" not in verdicts:  # no rank tears its sockets down while a peer's gloo threads still read them
+        dist.barrier(group)
+    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module", params=WORLD_SIZES, ids=[f"world{size}" for size in WORLD_SIZES])
@@ -254,8 +261,11 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     for rank in hung:
         ranks[rank].kill()
         ranks[rank].join()
-    assert not hung, f"world of {world_size}: ranks {hung} still running after {WORLD_TIMEOUT_S} s"
-    assert [process.exitcode for process in ranks] == [0] * world_size
+    logs = {rank: (folder / f"rank{rank}.log").read_text()[-4000:] for rank in range(world_size)}
+    assert not hung, f"world of {world_size}: ranks {hung} still running after {WORLD_TIMEOUT_S} s\n{logs}"
+    codes = [process.exitcode for process in ranks]
+    failed = "\n".join(f"rank {rank} exit {code}:\n{logs[rank]}" for rank, code in enumerate(codes) if code != 0)
+    assert not failed, f"world of {world_size}:\n{failed}"
     results = [json.loads((folder / f"rank{rank}.json").read_text()) for rank in range(world_size)]
     crashes = [f"rank {rank}:\n{verdicts['crash']}" for rank, verdicts in enumerate(results) if "crash" in verdicts]
     assert not crashes, "\n".join(crashes)
