@@ -150,3 +150,27 @@ def require_distinct_per_row(name: str, ids: torch.Tensor) -> None:
         raise ValueError(
             f"{name}: expected distinct experts in each row, row {row} is {ids[row].tolist()}"
         )
+
+
+def write_count(tensor: torch.Tensor) -> int:
+    """In-place writes ``tensor``'s storage has seen (its version counter, shared by every view of it); -1 for an
+    inference tensor, which tracks none (and outside inference mode cannot be written at all)."""
+    if tensor.is_inference():
+        return -1
+    return int(getattr(tensor, "_version"))  # Tensor._version: not in torch's stubs
+
+
+def require_unwritten(name: str, tensor: torch.Tensor, count: int) -> None:
+    """Raise ``RuntimeError`` if ``tensor`` was written in place since :func:`write_count` gave ``count``.
+
+    Frozen scale types check their tensor on every read: a value written
+    into one after construction (``.mul_``, ``.copy_``, an indexed
+    assignment, a write into the checkpoint tensor it views) skips every
+    check its constructor made and would change a layer's output silently.
+    """
+    now = write_count(tensor)
+    if now != count:
+        raise RuntimeError(
+            f"{name}: its tensor was written in place after construction ({now - count} write(s)); built scales are "
+            "immutable: build a new one through its named constructors (a layer reloads through its scheme)"
+        )

@@ -26,7 +26,14 @@ from typing import final
 import attrs
 import torch
 
-from moe_core._checks import require_dtype, require_int, require_tensor, values_readable
+from moe_core._checks import (
+    require_dtype,
+    require_int,
+    require_tensor,
+    require_unwritten,
+    values_readable,
+    write_count,
+)
 
 SWIZZLE_ROWS = 128
 """Rows of scales in one 128x4 tile."""
@@ -61,8 +68,8 @@ def _no_public_constructor(name: str, factories: str) -> TypeError:
 class LinearBlockScales:
     """Row-major E4M3 scales ``[..., rows, cols / 16]``, one per 16 elements of a row."""
 
-    data: torch.Tensor = attrs.field(init=False)
-    """E4M3 ``[..., rows, cols / 16]`` (read it; never write to it)."""
+    _data: torch.Tensor = attrs.field(init=False)
+    _writes: int = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         raise _no_public_constructor("LinearBlockScales", "LinearBlockScales.from_checkpoint")
@@ -72,8 +79,16 @@ class LinearBlockScales:
         """The one way in: ``data`` checked, bypassing the argument-less ``__init__``."""
         _check_scale_values("LinearBlockScales.data", data)
         scales = object.__new__(cls)
-        object.__setattr__(scales, "data", data)
+        object.__setattr__(scales, "_data", data)
+        object.__setattr__(scales, "_writes", write_count(data))
         return scales
+
+    @property
+    def data(self) -> torch.Tensor:
+        """E4M3 ``[..., rows, cols / 16]``: read it, never write to it (nor to the checkpoint tensor it may view):
+        ``RuntimeError`` at the next read after an in-place write."""
+        require_unwritten("LinearBlockScales", self._data, self._writes)
+        return self._data
 
     @classmethod
     def from_checkpoint(cls, data: torch.Tensor) -> LinearBlockScales:
@@ -121,9 +136,8 @@ class SwizzledBlockScales:
     padded extent; ``rows`` and ``blocks`` keep the logical scale matrix size.
     """
 
-    _tiles: torch.Tensor = attrs.field(init=False, repr=False)
-    """E4M3 ``[..., padded_rows, padded_blocks]`` in tile order: package-internal (the FlashInfer adapters pass it to
-    the kernels); never public, so swizzled bytes cannot be handed to :meth:`LinearBlockScales.from_checkpoint`."""
+    _tile_bytes: torch.Tensor = attrs.field(init=False, repr=False)
+    _writes: int = attrs.field(init=False, repr=False)
     rows: int = attrs.field(init=False)
     """Rows of the logical scale matrix."""
     blocks: int = attrs.field(init=False)
@@ -146,9 +160,17 @@ class SwizzledBlockScales:
                 f"for rows={rows}, blocks={blocks}, got ({padded_rows}, {padded_blocks})"
             )
         scales = object.__new__(cls)
-        for name, value in (("_tiles", tiles), ("rows", rows), ("blocks", blocks)):
+        for name, value in (("_tile_bytes", tiles), ("_writes", write_count(tiles)), ("rows", rows), ("blocks", blocks)):
             object.__setattr__(scales, name, value)
         return scales
+
+    @property
+    def _tiles(self) -> torch.Tensor:
+        """E4M3 ``[..., padded_rows, padded_blocks]`` in tile order: package-internal (the FlashInfer adapters pass it
+        to the kernels); never public, so swizzled bytes cannot be handed to
+        :meth:`LinearBlockScales.from_checkpoint`. Refused after an in-place write, like :attr:`LinearBlockScales.data`."""
+        require_unwritten("SwizzledBlockScales", self._tile_bytes, self._writes)
+        return self._tile_bytes
 
     @property
     def shape(self) -> tuple[int, ...]:

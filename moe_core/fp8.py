@@ -76,9 +76,10 @@ class Fp8TensorScale(_ScalarScale):
         return cls._of(_amax_scale(_scalar_amax(amax)))
 
     @classmethod
-    def from_checkpoint(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> Fp8TensorScale:
-        """The scalar from checkpoint values of any shape; several become one under ``policy`` (conservative: the largest)."""
-        values = _checkpoint_values(cls.__name__, tensor)
+    def from_checkpoint(cls, tensor: torch.Tensor, *, num_experts: int, policy: ExpertScalePolicy) -> Fp8TensorScale:
+        """The scalar from the checkpoint values of all ``num_experts`` experts (``[E]``, ``[E, 2]``); several become
+        one under ``policy`` (conservative: the largest)."""
+        values = _checkpoint_values(cls.__name__, tensor, num_experts)
         return cls._of(_collapse(cls.__name__, values, policy, values.max()))
 
 

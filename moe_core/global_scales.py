@@ -35,7 +35,17 @@ import attrs
 import torch
 from typing_extensions import Self
 
-from moe_core._checks import require_dtype, require_ndim, require_positive, require_shape, require_tensor, values_readable
+from moe_core._checks import (
+    require_dtype,
+    require_int,
+    require_ndim,
+    require_positive,
+    require_shape,
+    require_tensor,
+    require_unwritten,
+    values_readable,
+    write_count,
+)
 
 E2M1_MAX = 6.0
 """Largest magnitude an FP4 E2M1 value holds."""
@@ -60,8 +70,10 @@ class ExpertScalePolicy(enum.Enum):
 
 
 def _owned_copy(value: torch.Tensor) -> torch.Tensor:
-    """A detached private copy, so the caller's tensor can be written without changing the scale."""
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+    """A detached private copy, so the caller's tensor can be written without changing the scale; a normal tensor
+    even inside inference mode, so that writes into it are counted (:func:`~moe_core._checks.write_count`)."""
+    with torch.inference_mode(False):
+        return value.detach().clone()
 
 
 def _per_expert(value: torch.Tensor) -> torch.Tensor:
@@ -132,14 +144,26 @@ def _expert_amax(amax: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _checkpoint_values(cls_name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """A checkpoint's scale values as ``[experts, shards]``, each finite and > 0; refuses a one-element view
-    into a larger tensor."""
+def _checkpoint_values(cls_name: str, tensor: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """A checkpoint's scale values as ``[experts, shards]``, each finite and > 0, with one row for each of the
+    layer's ``num_experts`` experts; refuses a one-element view into a larger tensor.
+
+    A scalar made from fewer experts' values than the layer has (a slice,
+    copied or not, like ``per_expert[:1].clone()``) would stand for experts
+    it never saw: the largest amax may be among those left out.
+    """
     name = f"{cls_name}.from_checkpoint"
     require_tensor(name, tensor)
+    require_int(f"{name}: num_experts", num_experts, minimum=1)
     require_dtype(name, tensor, (torch.float32,))
     if tensor.numel() == 0:
         raise ValueError(f"{name}: expected at least one value, got shape {tuple(tensor.shape)}")
+    if (tensor.shape[0] if tensor.dim() else 1) != num_experts:  # a 0-d value: one expert's
+        raise ValueError(
+            f"{name}: expected one row of values per expert of the layer (dim 0 of size num_experts={num_experts}), "
+            f"got shape {tuple(tensor.shape)}: a scalar from some experts' values (like per_expert[:1].clone()) "
+            "stands for experts it never saw; pass every expert's values and name a policy"
+        )
     if tensor.numel() == 1 and tensor.untyped_storage().nbytes() > tensor.element_size():
         raise ValueError(
             f"{name}: got a one-element view into a larger tensor (like per_expert[:1], which takes "
@@ -263,11 +287,20 @@ class _TensorScale:
     mypy's attrs plugin rejects each, and at run time they raise
     ``TypeError``. The named classmethods (``from_checkpoint``,
     ``from_amax``, ...) say which convention a tensor follows and build
-    through :meth:`_of`, which copies and checks it. Equal only to itself.
+    through :meth:`_of`, which copies and checks it. The copy is the
+    scale's own, and a write into it after construction is refused at the
+    next read of :attr:`value`. Equal only to itself.
     """
 
-    value: torch.Tensor = attrs.field(init=False)
-    """float32, finite and > 0, in the subclass's shape (read it; never write to it)."""
+    _value: torch.Tensor = attrs.field(init=False)
+    _writes: int = attrs.field(init=False, repr=False)
+
+    @property
+    def value(self) -> torch.Tensor:
+        """float32, finite and > 0, in the subclass's shape: read it, never write to it (``RuntimeError`` at the next
+        read after an in-place write)."""
+        require_unwritten(type(self).__name__, self._value, self._writes)
+        return self._value
 
     def __attrs_post_init__(self) -> None:
         cls = type(self)
@@ -284,10 +317,11 @@ class _TensorScale:
     @classmethod
     def _of(cls, value: torch.Tensor) -> Self:
         """The one way in: a private copy of ``value``, checked, bypassing the argument-less ``__init__``."""
-        owned = _owned_copy(value)
+        owned = _owned_copy(require_tensor(f"{cls.__name__}.value", value))
         cls._check(owned)
         scale = object.__new__(cls)
-        object.__setattr__(scale, "value", owned)
+        object.__setattr__(scale, "_value", owned)
+        object.__setattr__(scale, "_writes", write_count(owned))
         return scale
 
 
@@ -356,8 +390,10 @@ class QuantizeGlobalScale(_ScalarScale):
         return cls._of(NVFP4_RANGE / _scalar_amax(amax))
 
     @classmethod
-    def from_checkpoint(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
-        """The scalar from quantize-side checkpoint values of any shape (``[1]``, ``[E]``, ``[E, 2]``).
+    def from_checkpoint(
+        cls, tensor: torch.Tensor, *, num_experts: int, policy: ExpertScalePolicy
+    ) -> QuantizeGlobalScale:
+        """The scalar from quantize-side checkpoint values of all ``num_experts`` experts (``[E]``, ``[E, 2]``).
 
         Several values become one under ``policy``, named even where there is
         one value, so that every call site says what it does with many. A NaN,
@@ -365,7 +401,7 @@ class QuantizeGlobalScale(_ScalarScale):
         ``CONSERVATIVE``, is one expert's so small that it would zero every
         other expert's inputs; each error names the expert (dim 0) and shard.
         """
-        values = _checkpoint_values(cls.__name__, tensor)
+        values = _checkpoint_values(cls.__name__, tensor, num_experts)
         _require_convention(f"{cls.__name__}.from_checkpoint", values, quantize_side=True)
         return cls._of(_collapse_global_scales(cls.__name__, values, policy, quantize_side=True))
 
@@ -399,14 +435,16 @@ class DequantizeGlobalScale(_ScalarScale):
         return cls._of(_scalar_amax(amax) / NVFP4_RANGE)
 
     @classmethod
-    def from_checkpoint(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> DequantizeGlobalScale:
-        """The scalar from dequantize-side checkpoint values of any shape, under ``policy``.
+    def from_checkpoint(
+        cls, tensor: torch.Tensor, *, num_experts: int, policy: ExpertScalePolicy
+    ) -> DequantizeGlobalScale:
+        """The scalar from dequantize-side checkpoint values of all ``num_experts`` experts, under ``policy``.
 
         Refuses as :meth:`QuantizeGlobalScale.from_checkpoint` does; the
         outlier here is one expert's value so large that it would zero every
         other expert's inputs.
         """
-        values = _checkpoint_values(cls.__name__, tensor)
+        values = _checkpoint_values(cls.__name__, tensor, num_experts)
         _require_convention(f"{cls.__name__}.from_checkpoint", values, quantize_side=False)
         return cls._of(_collapse_global_scales(cls.__name__, values, policy, quantize_side=False))
 

@@ -29,7 +29,9 @@ from moe_core._checks import (
     require_same_device,
     require_shape,
     require_tensor,
+    require_unwritten,
     values_readable,
+    write_count,
 )
 from moe_core.global_scales import E2M1_MAX
 from moe_core.nvfp4 import decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
@@ -53,8 +55,8 @@ class E8M0Scales:
     which refuses the NaN code 255.
     """
 
-    codes: torch.Tensor = attrs.field(init=False)
-    """uint8 exponents ``[..., rows, cols / 32]`` (read them; never write to them)."""
+    _codes: torch.Tensor = attrs.field(init=False)
+    _writes: int = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         raise TypeError(
@@ -71,8 +73,16 @@ class E8M0Scales:
         if values_readable(codes) and bool((codes == E8M0_NAN).any()):
             raise ValueError(f"{name}: expected exponents below {E8M0_NAN} (E8M0 {E8M0_NAN} is NaN), found some")
         scales = object.__new__(cls)
-        object.__setattr__(scales, "codes", codes)
+        object.__setattr__(scales, "_codes", codes)
+        object.__setattr__(scales, "_writes", write_count(codes))
         return scales
+
+    @property
+    def codes(self) -> torch.Tensor:
+        """uint8 exponents ``[..., rows, cols / 32]``: read them, never write to them (nor to the checkpoint tensor
+        they may view): ``RuntimeError`` at the next read after an in-place write."""
+        require_unwritten("E8M0Scales", self._codes, self._writes)
+        return self._codes
 
     @classmethod
     def from_checkpoint(cls, codes: torch.Tensor) -> E8M0Scales:

@@ -91,8 +91,9 @@ class Nvfp4CheckpointScheme(ExpertScheme[Nvfp4MoeWeights]):
 
     @staticmethod
     @abc.abstractmethod
-    def input_scale(values: torch.Tensor, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
-        """The scalar input scale from the checkpoint's per-expert (per-shard) values, under ``policy``."""
+    def input_scale(values: torch.Tensor, *, num_experts: int, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
+        """The scalar input scale from the checkpoint's values of all ``num_experts`` experts (per shard), under
+        ``policy``."""
 
     def canonical_weights(self) -> Nvfp4MoeWeights:
         """Canonical NVFP4 weights from the loaded parameters."""
@@ -106,12 +107,12 @@ class Nvfp4CheckpointScheme(ExpertScheme[Nvfp4MoeWeights]):
         w2 = _experts(
             params.down(self.PACKED), params.down(self.BLOCK_SCALES), self.weight_scales(params.down(self.WEIGHT_SCALE))
         )
-        policy = self.input_scale_policy
+        policy, experts = self.input_scale_policy, self.config.num_experts
         return Nvfp4MoeWeights(
             w13=w13,
             w2=w2,
-            w13_input_scale=self.input_scale(params.gate_up(self.INPUT_SCALE), policy),
-            w2_input_scale=self.input_scale(params.down(self.INPUT_SCALE), policy),
+            w13_input_scale=self.input_scale(params.gate_up(self.INPUT_SCALE), num_experts=experts, policy=policy),
+            w2_input_scale=self.input_scale(params.down(self.INPUT_SCALE), num_experts=experts, policy=policy),
         )
 
 

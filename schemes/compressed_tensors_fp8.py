@@ -75,7 +75,7 @@ class CompressedTensorsFp8MoE(ExpertScheme[Fp8MoeWeights]):
 
     def canonical_weights(self) -> Fp8MoeWeights:
         """The FP8 weights, gate and up each with its own per-expert scales."""
-        tensors, policy = self.params, self.input_scale_policy
+        tensors, policy, experts = self.params, self.input_scale_policy, self.config.num_experts
         codes, scales = tensors.gate_up("weight"), tensors.gate_up("weight_scale")
 
         def half(index: int) -> Fp8ExpertWeights:
@@ -84,8 +84,8 @@ class CompressedTensorsFp8MoE(ExpertScheme[Fp8MoeWeights]):
         return Fp8MoeWeights(
             w13=Fp8GateUpWeights(gate=half(0), up=half(1)),
             w2=Fp8ExpertWeights(tensors.down("weight"), ExpertFp8Scales.from_checkpoint(tensors.down("weight_scale"))),
-            w13_input_scale=Fp8TensorScale.from_checkpoint(tensors.gate_up("input_scale"), policy=policy),
-            w2_input_scale=Fp8TensorScale.from_checkpoint(tensors.down("input_scale"), policy=policy),
+            w13_input_scale=Fp8TensorScale.from_checkpoint(tensors.gate_up("input_scale"), num_experts=experts, policy=policy),
+            w2_input_scale=Fp8TensorScale.from_checkpoint(tensors.down("input_scale"), num_experts=experts, policy=policy),
         )
 
 

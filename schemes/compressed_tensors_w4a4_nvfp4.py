@@ -49,9 +49,9 @@ class CompressedTensorsW4A4Nvfp4MoE(Nvfp4CheckpointScheme):
         return ExpertQuantizeGlobalScales.from_checkpoint(values)
 
     @staticmethod
-    def input_scale(values: torch.Tensor, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
+    def input_scale(values: torch.Tensor, *, num_experts: int, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
         """Quantize-side values, collapsed under ``policy``."""
-        return QuantizeGlobalScale.from_checkpoint(values, policy=policy)
+        return QuantizeGlobalScale.from_checkpoint(values, num_experts=num_experts, policy=policy)
 
 
 def unsupported_reason(quantization_config: Mapping[str, object] | None) -> str | None:

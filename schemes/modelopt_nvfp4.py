@@ -45,9 +45,11 @@ class ModelOptNvfp4MoE(Nvfp4CheckpointScheme):
         return ExpertQuantizeGlobalScales.from_dequantize(ExpertDequantizeGlobalScales.from_checkpoint(values))
 
     @staticmethod
-    def input_scale(values: torch.Tensor, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
+    def input_scale(values: torch.Tensor, *, num_experts: int, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
         """Dequantize-side values collapsed under ``policy``, then converted."""
-        return QuantizeGlobalScale.from_dequantize(DequantizeGlobalScale.from_checkpoint(values, policy=policy))
+        return QuantizeGlobalScale.from_dequantize(
+            DequantizeGlobalScale.from_checkpoint(values, num_experts=num_experts, policy=policy)
+        )
 
 
 def unsupported_reason(quantization_config: Mapping[str, object] | None) -> str | None:

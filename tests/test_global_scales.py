@@ -106,11 +106,11 @@ def test_non_finite_or_non_positive_input_scale_is_refused_naming_the_expert_and
     gate_up[3, 1] = bad
     expected = f"{scale_class.__name__}.from_checkpoint: expected finite values > 0, got {bad} at expert 3, shard 1 "
     with pytest.raises(ValueError, match=re.escape(f"{expected}of shape (8, 2)")):
-        scale_class.from_checkpoint(gate_up, policy=policy)
+        scale_class.from_checkpoint(gate_up, num_experts=8, policy=policy)
     down = gate_up[:, 0].clone()
     down[5] = down[6] = bad
     with pytest.raises(ValueError, match=re.escape(f"got {bad} at expert 5 (and 1 more) of shape (8,)")):
-        scale_class.from_checkpoint(down, policy=policy)
+        scale_class.from_checkpoint(down, num_experts=8, policy=policy)
 
 
 def test_per_expert_weight_scales_name_the_expert_too() -> None:
@@ -129,12 +129,12 @@ def test_conservative_refuses_a_quantize_side_outlier_that_zeroes_every_other_ex
     values[2] = smallest_other / FLUSH_RATIO
     expected = "QuantizeGlobalScale: expected no expert's scale to zero every other expert's inputs, got "
     with pytest.raises(ValueError, match=re.escape(f"{expected}{float(values[2])} (quantize side, amax ")) as raised:
-        QuantizeGlobalScale.from_checkpoint(values, policy=ExpertScalePolicy.CONSERVATIVE)
+        QuantizeGlobalScale.from_checkpoint(values, num_experts=8, policy=ExpertScalePolicy.CONSERVATIVE)
     assert "at expert 2: as the conservative scalar" in str(raised.value)
     assert "(amax 0.0004164, expert 4) the E4M3 block scale 0.000977, which rounds to zero" in str(raised.value)
     # a hair larger and the other experts' largest blocks keep the smallest subnormal scale: degraded, not zero
     values[2] = smallest_other / FLUSH_RATIO * 1.001
-    assert QuantizeGlobalScale.from_checkpoint(values, policy=ExpertScalePolicy.CONSERVATIVE).value == values[2]
+    assert QuantizeGlobalScale.from_checkpoint(values, num_experts=8, policy=ExpertScalePolicy.CONSERVATIVE).value == values[2]
     # the same through per-expert scales
     values[2] = 2.0
     with pytest.raises(ValueError, match="ExpertQuantizeGlobalScales: expected no expert's scale .* at expert 2: "):
@@ -148,10 +148,10 @@ def test_conservative_names_the_outlier_expert_and_shard_of_gate_up_values() -> 
     gate_up[6] = 1000.0  # both halves of expert 6: one expert, not two
     expected = "got 1000.0 (quantize side, amax 2.688) at expert 6, shard 0: "
     with pytest.raises(ValueError, match=re.escape(expected)):
-        QuantizeGlobalScale.from_checkpoint(gate_up, policy=ExpertScalePolicy.CONSERVATIVE)
+        QuantizeGlobalScale.from_checkpoint(gate_up, num_experts=8, policy=ExpertScalePolicy.CONSERVATIVE)
     gate_up[6, 0] = 7e8
     with pytest.raises(ValueError, match="at expert 6, shard 1: "):
-        QuantizeGlobalScale.from_checkpoint(gate_up, policy=ExpertScalePolicy.CONSERVATIVE)
+        QuantizeGlobalScale.from_checkpoint(gate_up, num_experts=8, policy=ExpertScalePolicy.CONSERVATIVE)
 
 
 def test_conservative_refuses_a_dequantize_side_outlier_that_zeroes_every_other_expert() -> None:
@@ -167,15 +167,15 @@ def test_conservative_refuses_a_dequantize_side_outlier_that_zeroes_every_other_
         f"{float(values[7])} (dequantize side, amax {2688 * float(values[7]):.4g}) at expert 7: "
     )
     with pytest.raises(ValueError, match=re.escape(expected)):
-        DequantizeGlobalScale.from_checkpoint(values, policy=ExpertScalePolicy.CONSERVATIVE)
+        DequantizeGlobalScale.from_checkpoint(values, num_experts=8, policy=ExpertScalePolicy.CONSERVATIVE)
     with pytest.raises(ValueError, match="ExpertDequantizeGlobalScales: .* at expert 7: "):
         DequantizeGlobalScale.from_experts(
             ExpertDequantizeGlobalScales.from_checkpoint(values), policy=ExpertScalePolicy.CONSERVATIVE
         )
     values[7] = small * FLUSH_RATIO / 1.001
-    assert DequantizeGlobalScale.from_checkpoint(values, policy=ExpertScalePolicy.CONSERVATIVE).value == values[7]
+    assert DequantizeGlobalScale.from_checkpoint(values, num_experts=8, policy=ExpertScalePolicy.CONSERVATIVE).value == values[7]
     values[7] = 1e-30  # tiny on the dequantize side is a tiny expert: not the conservative choice
-    scalar = DequantizeGlobalScale.from_checkpoint(values, policy=ExpertScalePolicy.CONSERVATIVE)
+    scalar = DequantizeGlobalScale.from_checkpoint(values, num_experts=8, policy=ExpertScalePolicy.CONSERVATIVE)
     assert scalar.item() == pytest.approx(small)
 
 
@@ -183,9 +183,9 @@ def test_conservative_keeps_a_tiny_expert_and_an_uncalibrated_one() -> None:
     """What real checkpoints hold passes: one expert far below the others (zeroed itself, the policy's known cost),
     and compressed-tensors' 1.0 for an expert calibration never reached (the others' scales coarsen, none vanish)."""
     values = torch.tensor(COMPRESSED_TENSORS_W2)
-    assert QuantizeGlobalScale.from_checkpoint(values, policy=ExpertScalePolicy.CONSERVATIVE).item() == 6304.0
+    assert QuantizeGlobalScale.from_checkpoint(values, num_experts=8, policy=ExpertScalePolicy.CONSERVATIVE).item() == 6304.0
     values[0] = 1.0
-    assert QuantizeGlobalScale.from_checkpoint(values, policy=ExpertScalePolicy.CONSERVATIVE).item() == 1.0
+    assert QuantizeGlobalScale.from_checkpoint(values, num_experts=8, policy=ExpertScalePolicy.CONSERVATIVE).item() == 1.0
 
 
 def test_loading_a_checkpoint_with_an_outlier_input_scale_names_the_expert(tmp_path: Path) -> None:

@@ -41,21 +41,24 @@ def seed_from(gen: torch.Generator) -> int:
 def test_expert_0s_scale_is_refused_as_the_scalar_for_all(gen: torch.Generator) -> None:
     per_expert = (torch.rand(8, generator=gen) + 0.5) * 1e4  # quantize side, as compressed-tensors stores them
     with pytest.raises(ValueError, match=r"one-element view into a larger tensor \(like per_expert\[:1\]"):
-        QuantizeGlobalScale.from_checkpoint(per_expert[:1], policy=ExpertScalePolicy.CONSERVATIVE)
+        QuantizeGlobalScale.from_checkpoint(per_expert[:1], num_experts=1, policy=ExpertScalePolicy.CONSERVATIVE)
+    for copied in (per_expert[:1].clone(), per_expert[:1].float(), per_expert.max().reshape(1), per_expert[:4].clone()):
+        with pytest.raises(ValueError, match=r"one row of values per expert of the layer \(dim 0 of size num_experts=8\)"):
+            QuantizeGlobalScale.from_checkpoint(copied, num_experts=8, policy=ExpertScalePolicy.CONSERVATIVE)
     fused = per_expert.reshape(4, 2)  # gate/up weight global scales side by side: [:, 0] is the gate's alone
     with pytest.raises(ValueError, match=r"strided view \(like a fused \[E, 2\] gate/up scale's \[:, 0\]"):
         ExpertQuantizeGlobalScales.from_checkpoint(fused[:, 0])
     with pytest.raises(ValueError, match="experts disagree"):
-        QuantizeGlobalScale.from_checkpoint(per_expert, policy=ExpertScalePolicy.REQUIRE_EQUAL)
-    scalar = QuantizeGlobalScale.from_checkpoint(per_expert, policy=ExpertScalePolicy.CONSERVATIVE)
+        QuantizeGlobalScale.from_checkpoint(per_expert, num_experts=8, policy=ExpertScalePolicy.REQUIRE_EQUAL)
+    scalar = QuantizeGlobalScale.from_checkpoint(per_expert, num_experts=8, policy=ExpertScalePolicy.CONSERVATIVE)
     assert scalar.value.shape == (1,) and scalar.item() == float(per_expert.min())
-    paired = QuantizeGlobalScale.from_checkpoint(per_expert.reshape(4, 2), policy=ExpertScalePolicy.CONSERVATIVE)
+    paired = QuantizeGlobalScale.from_checkpoint(per_expert.reshape(4, 2), num_experts=4, policy=ExpertScalePolicy.CONSERVATIVE)
     assert paired.item() == float(per_expert.min()), "[E, 2] gate/up scales collapse like [E]"
 
 
 def test_a_scale_owns_its_tensor(gen: torch.Generator) -> None:
     tensor = (torch.rand(1, generator=gen) + 0.5) * 1e4
-    scale = QuantizeGlobalScale.from_checkpoint(tensor, policy=ExpertScalePolicy.REQUIRE_EQUAL)
+    scale = QuantizeGlobalScale.from_checkpoint(tensor, num_experts=1, policy=ExpertScalePolicy.REQUIRE_EQUAL)
     per_expert = (torch.rand(4, generator=gen) + 0.5) * 1e4
     experts = ExpertQuantizeGlobalScales.from_checkpoint(per_expert)
     before, experts_before = scale.item(), experts.value.clone()
@@ -146,7 +149,7 @@ def test_quant_info_builds_on_meta_with_shape_checks() -> None:
             ExpertQuantizeGlobalScales.from_checkpoint(torch.empty(4, device=META)),
         )
 
-    scale = QuantizeGlobalScale.from_checkpoint(torch.empty(4, device=META), policy=ExpertScalePolicy.REQUIRE_EQUAL)
+    scale = QuantizeGlobalScale.from_checkpoint(torch.empty(4, device=META), num_experts=4, policy=ExpertScalePolicy.REQUIRE_EQUAL)
     weights = Nvfp4MoeWeights(
         w13=Nvfp4GateUpWeights(gate=nvfp4_half(16, 32), up=nvfp4_half(16, 32)),
         w2=nvfp4_half(32, 16),

@@ -170,8 +170,8 @@ def test_quantize_side_factories_refuse_a_dequantize_side_value(name: str, value
     with pytest.raises(ValueError, match=f"ExpertQuantizeGlobalScales.from_checkpoint: {match}"):
         ExpertQuantizeGlobalScales.from_checkpoint(per_expert)
     with pytest.raises(ValueError, match=f"QuantizeGlobalScale.from_checkpoint: {match}"):
-        QuantizeGlobalScale.from_checkpoint(per_expert, policy=ExpertScalePolicy.CONSERVATIVE)
-    assert DequantizeGlobalScale.from_checkpoint(per_expert, policy=ExpertScalePolicy.CONSERVATIVE).item() > 0
+        QuantizeGlobalScale.from_checkpoint(per_expert, num_experts=2, policy=ExpertScalePolicy.CONSERVATIVE)
+    assert DequantizeGlobalScale.from_checkpoint(per_expert, num_experts=2, policy=ExpertScalePolicy.CONSERVATIVE).item() > 0
 
 
 @pytest.mark.parametrize(("name", "value"), COMPRESSED_TENSORS_VALUES.items())
@@ -180,7 +180,7 @@ def test_dequantize_side_factories_refuse_a_quantize_side_value(name: str, value
     gate_up[2, 1] = value
     match = r"expected dequantize-side, .* got .* at expert 2{}, a value of the other side \(quantize-side"
     with pytest.raises(ValueError, match="DequantizeGlobalScale.from_checkpoint: " + match.format(", shard 1")):
-        DequantizeGlobalScale.from_checkpoint(gate_up, policy=ExpertScalePolicy.CONSERVATIVE)
+        DequantizeGlobalScale.from_checkpoint(gate_up, num_experts=4, policy=ExpertScalePolicy.CONSERVATIVE)
     with pytest.raises(ValueError, match="ExpertDequantizeGlobalScales.from_checkpoint: " + match.format("")):
         ExpertDequantizeGlobalScales.from_checkpoint(gate_up[:, 1].contiguous())
     assert ExpertQuantizeGlobalScales.from_checkpoint(torch.full((4,), value)).num_experts == 4
@@ -197,7 +197,7 @@ def test_fp8_activation_scales_may_exceed_one_weight_scales_may_not() -> None:
     """FP8 has one convention (dequantize side). An activation's amax may exceed 448, so an input scale above 1 is
     real; a weight's does not, so a weight scale above 1 is a reciprocal (quantize side, or an inverted
     weight_scale_inv) and is refused by name."""
-    assert Fp8TensorScale.from_checkpoint(torch.tensor([3.0]), policy=ExpertScalePolicy.REQUIRE_EQUAL).item() == 3.0
+    assert Fp8TensorScale.from_checkpoint(torch.tensor([3.0]), num_experts=1, policy=ExpertScalePolicy.REQUIRE_EQUAL).item() == 3.0
     assert ExpertFp8Scales.from_checkpoint(torch.tensor([3e-3, 1e-4])).num_experts == 2
     with pytest.raises(ValueError, match=r"ExpertFp8Scales.from_checkpoint: expected dequantize-side FP8 weight scales"):
         ExpertFp8Scales.from_checkpoint(torch.tensor([3.0, 1e-4]))

@@ -88,7 +88,7 @@ def test_expert_weights_match_per_expert_compression(gen: torch.Generator, devic
         assert torch.equal(ours.packed[expert], ct["weight_packed"])
         assert torch.equal(ours.block_scales.data[expert].view(torch.uint8), ct["weight_scale"].view(torch.uint8))
         scale = QuantizeGlobalScale.from_checkpoint(
-            ours.global_scales.value[expert].clone(), policy=ExpertScalePolicy.REQUIRE_EQUAL
+            ours.global_scales.value[expert].clone(), num_experts=1, policy=ExpertScalePolicy.REQUIRE_EQUAL
         )
         single = Nvfp4Tensor.quantize(w[expert], scale)
         assert torch.equal(ours.dequantize_expert(expert), single.dequantize())

@@ -14,9 +14,11 @@ from moe_core import (
 )
 
 
-def input_scale_from_checkpoint(input_global_scale: torch.Tensor) -> QuantizeGlobalScale:
-    """compressed-tensors: per-expert quantize-side input scales collapsed under a named policy."""
-    return QuantizeGlobalScale.from_checkpoint(input_global_scale, policy=ExpertScalePolicy.CONSERVATIVE)
+def input_scale_from_checkpoint(input_global_scale: torch.Tensor, num_experts: int) -> QuantizeGlobalScale:
+    """compressed-tensors: every expert's quantize-side input scale, collapsed under a named policy."""
+    return QuantizeGlobalScale.from_checkpoint(
+        input_global_scale, num_experts=num_experts, policy=ExpertScalePolicy.CONSERVATIVE
+    )
 
 
 def weight_scales_from_modelopt(weight_scale_2: torch.Tensor) -> ExpertQuantizeGlobalScales:

@@ -6,4 +6,4 @@ from moe_core import QuantizeGlobalScale
 
 
 def input_scale(input_global_scale: torch.Tensor) -> QuantizeGlobalScale:
-    return QuantizeGlobalScale.from_checkpoint(input_global_scale)  # expect: [call-arg] Missing named argument "policy" for "from_checkpoint" of "QuantizeGlobalScale"
+    return QuantizeGlobalScale.from_checkpoint(input_global_scale, num_experts=8)  # expect: [call-arg] Missing named argument "policy" for "from_checkpoint" of "QuantizeGlobalScale"

@@ -12,7 +12,7 @@ class MyScheme(CompressedTensorsW4A4Nvfp4MoE):
     def canonical_weights(self) -> Nvfp4MoeWeights:
         weights = super().canonical_weights()
         per_expert = self.params.gate_up("input_global_scale")  # [E, 2], one per expert and shard
-        scalar = QuantizeGlobalScale.from_checkpoint(per_expert)  # expect: [call-arg] Missing named argument "policy" for "from_checkpoint" of "QuantizeGlobalScale"
+        scalar = QuantizeGlobalScale.from_checkpoint(per_expert, num_experts=self.config.num_experts)  # expect: [call-arg] Missing named argument "policy" for "from_checkpoint" of "QuantizeGlobalScale"
         return Nvfp4MoeWeights(
             w13=weights.w13,
             w2=weights.w2,
