@@ -25,6 +25,7 @@ from moe_core.formats import (
     FP8_CHANNEL,
     MXFP4,
     NVFP4,
+    NVFP4_PER_EXPERT,
     NVFP4_W4A16,
     DenseMoeWeights,
     DenseRecipe,
@@ -36,6 +37,8 @@ from moe_core.formats import (
     Fp8Recipe,
     Mxfp4MoeWeights,
     Mxfp4Recipe,
+    Nvfp4PerExpertMoeWeights,
+    Nvfp4PerExpertRecipe,
     Nvfp4MoeWeights,
     Nvfp4Recipe,
     Nvfp4W4A16MoeWeights,
@@ -111,6 +114,16 @@ REFERENCE_NVFP4: BackendKey[Nvfp4MoeWeights] = register_backend(
     conversions=[Conversion(NVFP4, _as_is)],
 )
 """The oracle of the NVFP4 format."""
+
+REFERENCE_NVFP4_PER_EXPERT: BackendKey[Nvfp4PerExpertMoeWeights] = register_backend(
+    "reference-nvfp4-per-expert",
+    description="PyTorch, NVFP4 W4A4, each expert's inputs quantized with its own scale, float32 math",
+    factory=_runner(Nvfp4PerExpertRecipe()),
+    supports=reference_supports,
+    priority=ORACLE,
+    conversions=[Conversion(NVFP4_PER_EXPERT, _as_is)],
+)
+"""The oracle of the per-per-expert NVFP4 format."""
 
 REFERENCE_FP8: BackendKey[Fp8MoeWeights] = register_backend(
     "reference-fp8",

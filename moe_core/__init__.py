@@ -55,7 +55,9 @@ if TYPE_CHECKING:
     from moe_core.formats import MXFP4 as MXFP4
     from moe_core.formats import Mxfp4MoeWeights as Mxfp4MoeWeights
     from moe_core.formats import NVFP4 as NVFP4
+    from moe_core.formats import NVFP4_PER_EXPERT as NVFP4_PER_EXPERT
     from moe_core.formats import NVFP4_W4A16 as NVFP4_W4A16
+    from moe_core.formats import Nvfp4PerExpertMoeWeights as Nvfp4PerExpertMoeWeights
     from moe_core.formats import Nvfp4MoeWeights as Nvfp4MoeWeights
     from moe_core.formats import Nvfp4W4A16MoeWeights as Nvfp4W4A16MoeWeights
     from moe_core.fp8 import ExpertFp8Scales as ExpertFp8Scales
@@ -137,7 +139,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "MXFP4",
         "Mxfp4MoeWeights",
         "NVFP4",
+        "NVFP4_PER_EXPERT",
         "NVFP4_W4A16",
+        "Nvfp4PerExpertMoeWeights",
         "Nvfp4MoeWeights",
         "Nvfp4W4A16MoeWeights",
     ),
@@ -247,8 +251,10 @@ __all__ = [
     "Mxfp4ExpertWeights",
     "Mxfp4MoeWeights",
     "NVFP4",
+    "NVFP4_PER_EXPERT",
     "NVFP4_W4A16",
     "Nvfp4Arithmetic",
+    "Nvfp4PerExpertMoeWeights",
     "Nvfp4ExpertWeights",
     "Nvfp4GateUpWeights",
     "Nvfp4MoeWeights",

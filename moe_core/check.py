@@ -47,20 +47,29 @@ from moe_core.backends.reference import (
     REFERENCE_FP8_CHANNEL,
     REFERENCE_MXFP4,
     REFERENCE_NVFP4,
+    REFERENCE_NVFP4_PER_EXPERT,
     REFERENCE_NVFP4_W4A16,
 )
 from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.config import Activation, MoeRunnerConfig, RoutingMethod
 from moe_core.conversion import FormatInfo, WeightFormat
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
-from moe_core.float64_moe import float64_moe, fp8_per_group_round_trips, fp8_per_token_round_trips, fp8_round_trips, nvfp4_round_trips
-from moe_core.formats import DENSE, FP8, FP8_BLOCK_SCALED, FP8_CHANNEL, MXFP4, NVFP4, NVFP4_W4A16
+from moe_core.float64_moe import (
+    float64_moe,
+    fp8_per_group_round_trips,
+    fp8_per_token_round_trips,
+    fp8_round_trips,
+    nvfp4_expert_round_trips,
+    nvfp4_round_trips,
+)
+from moe_core.formats import DENSE, FP8, FP8_BLOCK_SCALED, FP8_CHANNEL, MXFP4, NVFP4, NVFP4_PER_EXPERT, NVFP4_W4A16
 from moe_core.formats import (
     DenseMoeWeights,
     Fp8BlockMoeWeights,
     Fp8ChannelMoeWeights,
     Fp8MoeWeights,
     Mxfp4MoeWeights,
+    Nvfp4PerExpertMoeWeights,
     Nvfp4MoeWeights,
     Nvfp4W4A16MoeWeights,
     fp8_block_size_refusal,
@@ -69,7 +78,13 @@ from moe_core.mxfp4 import MXFP4_BLOCK, Mxfp4ExpertWeights
 from moe_core.registry import BackendEntry, BackendKey, MoeForward
 from moe_core.routing import select_experts
 from moe_core.runner import QuantInfo
-from moe_core.synthetic import quantize_fp8_block_layer, quantize_fp8_channel_layer, quantize_fp8_layer, quantize_nvfp4_layer
+from moe_core.synthetic import (
+    quantize_fp8_block_layer,
+    quantize_fp8_channel_layer,
+    quantize_fp8_layer,
+    quantize_nvfp4_per_expert_layer,
+    quantize_nvfp4_layer,
+)
 
 W = TypeVar("W", bound=QuantInfo)
 
@@ -421,6 +436,12 @@ def _nvfp4_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, we
     return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), nvfp4_round_trips(weights))
 
 
+def _nvfp4_per_expert_float64(
+    config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Nvfp4PerExpertMoeWeights
+) -> torch.Tensor:
+    return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), nvfp4_expert_round_trips(weights))
+
+
 def _fp8_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Fp8MoeWeights) -> torch.Tensor:
     return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), fp8_round_trips(weights))
 
@@ -461,6 +482,10 @@ def _mxfp4_size_refusal(config: MoeRunnerConfig) -> str | None:
 FORMAT_CHECKS: tuple[_Check, ...] = (
     FormatCheck(DENSE, REFERENCE_DENSE, _dense_weights, _dense_float64, "float64 MoE"),
     FormatCheck(NVFP4, REFERENCE_NVFP4, quantize_nvfp4_layer, _nvfp4_float64, "float64 W4A4 MoE"),
+    FormatCheck(
+        NVFP4_PER_EXPERT, REFERENCE_NVFP4_PER_EXPERT, quantize_nvfp4_per_expert_layer, _nvfp4_per_expert_float64,
+        "float64 per-expert W4A4 MoE",
+    ),
     FormatCheck(NVFP4_W4A16, REFERENCE_NVFP4_W4A16, _w4a16_weights, _w4a16_float64, "float64 MoE, dequantized"),
     FormatCheck(FP8, REFERENCE_FP8, quantize_fp8_layer, _fp8_float64, "float64 W8A8 MoE"),
     FormatCheck(

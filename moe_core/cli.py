@@ -241,7 +241,7 @@ def _info(device: DeviceSpec, as_json: bool) -> int:
             row.tier,
             "yes" if row.chosen else "-",
             "ok" if row.supported else "; ".join(row.reasons),
-            row.degradation or "-",
+            row.degradation.removeprefix(f"{row.format} ") if row.degradation else "-",  # the row names the source
         ]
         for row in rows
     ]
@@ -266,14 +266,15 @@ def _capability_rows(device: DeviceSpec) -> list[list[str]]:
 
 
 def _scheme_rows(rows: Sequence[CandidateRow]) -> list[list[str]]:
-    from moe_core.schemes import SCHEMES
+    from moe_core.schemes import OPT_IN_SCHEMES, SCHEMES
 
     chosen = {row.format: row for row in rows if row.chosen}
     table = []
-    for spec in SCHEMES:
+    for spec in (*SCHEMES, *OPT_IN_SCHEMES):
         row = chosen.get(spec.format.name)
         where = "nothing fits" if row is None else row.backend + (f" (degraded: {row.degradation})" if row.degradation else "")
-        table.append([spec.name, spec.format.name, where])
+        name = spec.name + (" (opt-in: scheme=)" if spec in OPT_IN_SCHEMES else "")
+        table.append([name, spec.format.name, where])
     return table
 
 

@@ -15,27 +15,41 @@ import torch
 from moe_core.config import Activation, ClampedSwiglu, ExpertActivation, MoeRunnerConfig
 from moe_core.dispatch import DispatchOutput
 from moe_core.fp8 import Fp8TensorScale, fake_quantize_fp8, fake_quantize_fp8_per_group, fake_quantize_fp8_per_token
-from moe_core.global_scales import QuantizeGlobalScale
-from moe_core.formats import Fp8MoeWeights, Nvfp4MoeWeights
+from moe_core.global_scales import ExpertQuantizeGlobalScales, ExpertScalePolicy, QuantizeGlobalScale
+from moe_core.formats import Fp8MoeWeights, Nvfp4PerExpertMoeWeights, Nvfp4MoeWeights
 from moe_core.nvfp4 import quantize_activation
 
-RoundTrip = Callable[[torch.Tensor], torch.Tensor]
-"""One token's float64 vector -> the same after its GEMM input's quantization round trip, float64."""
+RoundTrip = Callable[[int, torch.Tensor], torch.Tensor]
+"""``(local expert, one token's float64 vector)`` -> the vector after that expert's GEMM input's quantization round
+trip, float64."""
 
 
 def _nvfp4_round_trip(scale: QuantizeGlobalScale) -> RoundTrip:
-    return lambda x: quantize_activation(x.float()[None], scale).dequantize()[0].double()
+    return lambda expert, x: quantize_activation(x.float()[None], scale).dequantize()[0].double()
+
+
+def _nvfp4_expert_round_trip(scales: ExpertQuantizeGlobalScales) -> RoundTrip:
+    own = [
+        QuantizeGlobalScale.from_experts(scales.experts(e, e + 1), policy=ExpertScalePolicy.REQUIRE_EQUAL)
+        for e in range(scales.num_experts)
+    ]
+    return lambda expert, x: quantize_activation(x.float()[None], own[expert]).dequantize()[0].double()
 
 
 def _fp8_round_trip(scale: Fp8TensorScale) -> RoundTrip:
     on_cpu = scale.to("cpu")
-    return lambda x: fake_quantize_fp8(x.float(), on_cpu).double()
+    return lambda expert, x: fake_quantize_fp8(x.float(), on_cpu).double()
 
 
 def nvfp4_round_trips(weights: Nvfp4MoeWeights) -> tuple[RoundTrip, RoundTrip]:
     """Both GEMM inputs' NVFP4 round trips with the layer's input scales, from their float32 values, by the W4A4
     kernels' recipe."""
     return _nvfp4_round_trip(weights.w13_input_scale), _nvfp4_round_trip(weights.w2_input_scale)
+
+
+def nvfp4_expert_round_trips(weights: Nvfp4PerExpertMoeWeights) -> tuple[RoundTrip, RoundTrip]:
+    """Both GEMM inputs' NVFP4 round trips with each local expert's own input scales, by the W4A4 kernels' recipe."""
+    return _nvfp4_expert_round_trip(weights.w13_input_scales), _nvfp4_expert_round_trip(weights.w2_input_scales)
 
 
 def fp8_round_trips(weights: Fp8MoeWeights) -> tuple[RoundTrip, RoundTrip]:
@@ -46,7 +60,7 @@ def fp8_round_trips(weights: Fp8MoeWeights) -> tuple[RoundTrip, RoundTrip]:
 def _dynamic_round_trips(fake_quantize: Callable[[torch.Tensor], torch.Tensor]) -> tuple[RoundTrip, RoundTrip]:
     """Both GEMM inputs through ``fake_quantize`` of a ``[T, K]`` batch, one token at a time (scales from its own values)."""
 
-    def round_trip(x: torch.Tensor) -> torch.Tensor:
+    def round_trip(expert: int, x: torch.Tensor) -> torch.Tensor:
         return fake_quantize(x.float()[None])[0].double()
 
     return round_trip, round_trip
@@ -93,7 +107,7 @@ def float64_moe(
 
     The top-k weights scale each expert's output, or its input where the
     routing method says so. With ``round_trips``, each GEMM input goes through its quantization round
-    trip first (:func:`nvfp4_round_trips`, :func:`fp8_round_trips`,
+    trip first (:func:`nvfp4_round_trips`, :func:`nvfp4_expert_round_trips`, :func:`fp8_round_trips`,
     :func:`fp8_per_token_round_trips`, :func:`fp8_per_group_round_trips`).
     """
     hidden, topk = dispatch.hidden_states.cpu(), dispatch.topk
@@ -110,9 +124,9 @@ def float64_moe(
             weight = float(weights[t, k])
             xt = hidden[t].double() * (weight if input_weighted else 1.0)
             if round_trips is not None:
-                xt = round_trips[0](xt)
+                xt = round_trips[0](local, xt)
             act = _activation(config.activation, w13[local].double() @ xt, inter)
             if round_trips is not None:
-                act = round_trips[1](act)
+                act = round_trips[1](local, act)
             out[t] += (1.0 if input_weighted else weight) * (w2[local].double() @ act)
     return out * config.routed_scaling_factor

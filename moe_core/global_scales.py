@@ -272,6 +272,26 @@ def _collapse_global_scales(
     return _collapse(name, experts, policy, experts.amin() if quantize_side else experts.amax())
 
 
+def _collapse_shards(
+    name: str, tensor: torch.Tensor, policy: ExpertScalePolicy, *, quantize_side: bool
+) -> torch.Tensor:
+    """Checkpoint values ``[E, shards]`` (w1's and w3's input scales: one GEMM input) as ``[E]``: each expert's shards
+    made one under ``policy`` (the largest amax's scale, or equal ones), each expert keeping its own value."""
+    if not isinstance(policy, ExpertScalePolicy):
+        raise TypeError(f"policy: expected an ExpertScalePolicy, got {policy!r}")
+    require_tensor(name, tensor)
+    require_ndim(name, tensor, 2, "[num_experts, shards]")
+    if policy is ExpertScalePolicy.REQUIRE_EQUAL and values_readable(tensor):
+        differ = torch.nonzero((tensor != tensor[:, :1]).any(dim=1))
+        if differ.shape[0]:
+            expert = int(differ[0])
+            raise ValueError(
+                f"{name}: the shards of expert {expert} disagree ({tensor[expert].tolist()}); one GEMM input takes one "
+                "scale: pass policy=ExpertScalePolicy.CONSERVATIVE to take the largest amax's"
+            )
+    return (tensor.amin(dim=1) if quantize_side else tensor.amax(dim=1)).contiguous()
+
+
 def _named_constructors(cls: type) -> str:
     """The public classmethods of ``cls``: the named constructors its ``TypeError`` points to."""
     names = {name for klass in cls.__mro__ for name, a in vars(klass).items() if isinstance(a, classmethod)}
@@ -487,6 +507,15 @@ class ExpertQuantizeGlobalScales(_ExpertScales):
         return super().from_checkpoint(tensor)
 
     @classmethod
+    def from_checkpoint_shards(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertQuantizeGlobalScales:
+        """Per-expert quantize-side scales from ``[E, shards]`` checkpoint values of one GEMM input (w1's and w3's
+        ``input_global_scale``), each expert's shards made one under ``policy``; refuses values below 1."""
+        name = f"{cls.__name__}.from_checkpoint_shards"
+        _require_convention(name, require_tensor(name, tensor), quantize_side=True)
+        _require_positive_experts(name, tensor)
+        return cls._of(_collapse_shards(name, tensor, policy, quantize_side=True))
+
+    @classmethod
     def from_dequantize(cls, scales: ExpertDequantizeGlobalScales) -> ExpertQuantizeGlobalScales:
         """Convert dequantize-side per-expert scales (their reciprocals)."""
         if not isinstance(scales, ExpertDequantizeGlobalScales):
@@ -510,6 +539,15 @@ class ExpertDequantizeGlobalScales(_ExpertScales):
         (one on the quantize side, see :func:`_require_convention`)."""
         _require_convention(f"{cls.__name__}.from_checkpoint", tensor, quantize_side=False)
         return super().from_checkpoint(tensor)
+
+    @classmethod
+    def from_checkpoint_shards(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertDequantizeGlobalScales:
+        """Per-expert dequantize-side scales from ``[E, shards]`` checkpoint values of one GEMM input (ModelOpt's w1
+        and w3 ``input_scale``), each expert's shards made one under ``policy``; refuses values above 1."""
+        name = f"{cls.__name__}.from_checkpoint_shards"
+        _require_convention(name, require_tensor(name, tensor), quantize_side=False)
+        _require_positive_experts(name, tensor)
+        return cls._of(_collapse_shards(name, tensor, policy, quantize_side=False))
 
     @classmethod
     def from_quantize(cls, scales: ExpertQuantizeGlobalScales) -> ExpertDequantizeGlobalScales:

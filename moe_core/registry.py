@@ -508,27 +508,30 @@ def known_formats() -> tuple[WeightFormat[QuantInfo], ...]:
     return tuple(found.values())
 
 
-def _rank(route: FormatRoute[W], index: int) -> tuple[int, int, int, int]:
-    return (route.priority.tier, route.degradation is not None, route.priority.order, index)
+def _rank(route: FormatRoute[W], step: int, index: int) -> tuple[int, int, int, int]:
+    return (route.priority.tier, step, route.priority.order, index)
 
 
 def candidates(source: WeightFormat[W], *, strict: bool = False) -> list[FormatRoute[W]]:
     """Every backend that can be fed ``source`` weights, in rank order.
 
     Routes through one of ``source``'s declared degradations follow the
-    direct ones of their tier (a degraded kernel still ranks before a direct
-    oracle); ``strict`` leaves them out.
+    direct ones of their tier, in the order the format declares its
+    degradations (a degraded kernel still ranks before a direct oracle);
+    ``strict`` leaves them out.
     """
     discover_backends()
     entries = [slot.entry for slot in _REGISTRY.values()]
-    routes: list[FormatRoute[W]] = [entry.route(source) for entry in entries if entry.converts_from(source)]
+    routes: list[tuple[int, FormatRoute[W]]] = [(0, entry.route(source)) for entry in entries if entry.converts_from(source)]
     if not strict:
-        for step in source.degradations:
+        for number, step in enumerate(source.degradations, start=1):
             routes += [
-                DegradedRoute(source, step, entry.route(step.target)) for entry in entries if entry.converts_from(step.target)
+                (number, DegradedRoute(source, step, entry.route(step.target)))
+                for entry in entries
+                if entry.converts_from(step.target)
             ]
-    order = {id(route): index for index, route in enumerate(routes)}
-    return sorted(routes, key=lambda route: _rank(route, order[id(route)]))
+    ranked = sorted(enumerate(routes), key=lambda item: _rank(item[1][1], item[1][0], item[0]))
+    return [route for _, (_, route) in ranked]
 
 
 class BackendChoice(Protocol):

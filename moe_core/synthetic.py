@@ -9,8 +9,15 @@ import torch
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput
 from moe_core.fp8 import Fp8BlockExpertWeights, Fp8ChannelExpertWeights, Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
-from moe_core.global_scales import QuantizeGlobalScale
-from moe_core.formats import DenseMoeWeights, Fp8BlockMoeWeights, Fp8ChannelMoeWeights, Fp8MoeWeights, Nvfp4MoeWeights
+from moe_core.global_scales import ExpertQuantizeGlobalScales, QuantizeGlobalScale
+from moe_core.formats import (
+    DenseMoeWeights,
+    Fp8BlockMoeWeights,
+    Fp8ChannelMoeWeights,
+    Fp8MoeWeights,
+    Nvfp4PerExpertMoeWeights,
+    Nvfp4MoeWeights,
+)
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights
 from moe_core.routing import select_experts
 
@@ -59,6 +66,42 @@ def quantize_nvfp4_layer(
         w2=Nvfp4ExpertWeights.quantize(dense.w2),
         w13_input_scale=QuantizeGlobalScale.from_amax(hidden_amax),
         w2_input_scale=QuantizeGlobalScale.from_amax(activation_amax),
+    )
+
+
+def _expert_input_amax(
+    config: MoeRunnerConfig, dispatch: StandardDispatchOutput, w13: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per local expert, the amax of this batch's two GEMM inputs over the tokens routed to it (the layer's amax for an
+    expert routed none, as a calibration that never reached it would leave a layer-wide value)."""
+    x = dispatch.hidden_states.float()
+    layer_hidden, layer_activation = _input_amax(config, dispatch, w13)
+    hidden = torch.full((config.num_local_experts,), float(layer_hidden))
+    activation = torch.full((config.num_local_experts,), float(layer_activation))
+    ids = dispatch.topk.topk_ids.cpu() - config.local_expert_offset
+    for local in range(config.num_local_experts):
+        tokens = torch.nonzero((ids == local).any(dim=1)).flatten().to(x.device)
+        if tokens.numel():
+            routed = x[tokens]
+            hidden[local] = routed.abs().amax()
+            activation[local] = config.activation.apply(routed @ w13[local].T).abs().amax()
+    return hidden.to(x.device), activation.to(x.device)
+
+
+def quantize_nvfp4_per_expert_layer(
+    config: MoeRunnerConfig, dense: DenseMoeWeights, dispatch: StandardDispatchOutput
+) -> Nvfp4PerExpertMoeWeights:
+    """``dense`` quantized to NVFP4 with per-expert static input scales, each calibrated on the tokens ``dispatch``
+    routes to its expert, and the layer-wide scalars (the largest amax's) beside them."""
+    w13 = Nvfp4GateUpWeights.quantize(dense.w13)
+    hidden_amax, activation_amax = _expert_input_amax(config, dispatch, w13.dequantize())
+    return Nvfp4PerExpertMoeWeights(
+        w13=w13,
+        w2=Nvfp4ExpertWeights.quantize(dense.w2),
+        w13_input_scales=ExpertQuantizeGlobalScales.from_amax(hidden_amax),
+        w2_input_scales=ExpertQuantizeGlobalScales.from_amax(activation_amax),
+        w13_input_scale=QuantizeGlobalScale.from_amax(hidden_amax.max()),
+        w2_input_scale=QuantizeGlobalScale.from_amax(activation_amax.max()),
     )
 
 

@@ -22,3 +22,10 @@ SCHEMES: tuple[SchemeSpec, ...] = (
     unquantized.SCHEME,
 )
 """Every scheme moe-core ships, in the order a checkpoint is matched against them."""
+
+OPT_IN_SCHEMES: tuple[SchemeSpec, ...] = (
+    compressed_tensors_w4a4_nvfp4.PER_EXPERT_SCHEME,
+    modelopt_nvfp4.PER_EXPERT_SCHEME,
+)
+"""Schemes a checkpoint is never matched to by itself, only when named (``load_layer(layer, scheme=...)``): NVFP4 with
+each expert's own input scales, which only the reference computes (kernels run it through a named degradation)."""

@@ -11,24 +11,30 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import torch
 
 from moe_core import (
     NVFP4,
+    NVFP4_PER_EXPERT,
     ExpertQuantizeGlobalScales,
     ExpertScalePolicy,
     FormatRoute,
     LinearBlockScales,
     MoeRunnerConfig,
+    Nvfp4PerExpertMoeWeights,
     Nvfp4ExpertWeights,
     Nvfp4GateUpWeights,
     Nvfp4MoeWeights,
     QuantizeGlobalScale,
+    QuantInfo,
+    WeightFormat,
 )
 from moe_core.expert_params import ParamLayout, ParamSpec
 from moe_core.scheme import ExpertScheme
+
+W = TypeVar("W", bound=QuantInfo)
 
 
 def _experts(packed: torch.Tensor, scales: torch.Tensor, global_scales: ExpertQuantizeGlobalScales) -> Nvfp4ExpertWeights:
@@ -37,14 +43,15 @@ def _experts(packed: torch.Tensor, scales: torch.Tensor, global_scales: ExpertQu
     )
 
 
-class Nvfp4CheckpointScheme(ExpertScheme[Nvfp4MoeWeights]):
-    """An NVFP4 W4A4 checkpoint scheme: its tensor names and scale convention are the subclass's.
+class _Nvfp4Checkpoint(ExpertScheme[W]):
+    """An NVFP4 W4A4 checkpoint scheme of either input-scale format: its tensor names and scale convention are the
+    subclass's, the canonical weights' format is :meth:`source_format`'s.
 
     Gate and up keep their own weight global scales (never ``[:, 0]`` of the
-    pair); the input scales of w1/w3 (one GEMM input) and of w2, per expert
-    in the checkpoint, become the one scalar each GEMM takes under
-    ``input_scale_policy``, over every expert of the layer (kept on every
-    rank), so that the output does not depend on the expert placement.
+    pair). The checkpoint's input scales of w1/w3 (one GEMM input) and of w2,
+    one per expert, are kept for every expert of the layer on every rank, so
+    that the layer-wide scalars they collapse to under ``input_scale_policy``
+    do not depend on the expert placement.
     """
 
     NAME: ClassVar[str]
@@ -64,12 +71,12 @@ class Nvfp4CheckpointScheme(ExpertScheme[Nvfp4MoeWeights]):
         device: torch.device = torch.device("cpu"),
         *,
         input_scale_policy: ExpertScalePolicy = ExpertScalePolicy.CONSERVATIVE,
-        backend: FormatRoute[Nvfp4MoeWeights] | str | None = None,
+        backend: FormatRoute[W] | str | None = None,
         strict: bool = False,
         activation_dtype: torch.dtype = torch.bfloat16,
     ) -> None:
-        """Create the layer's parameters on ``device``; ``backend`` forces a backend fed from NVFP4 weights (a route,
-        or a name), ``strict`` forbids running them as W4A16 where no W4A4 kernel fits."""
+        """Create the layer's parameters on ``device``; ``backend`` forces a backend fed from this scheme's format (a
+        route, or a name), ``strict`` forbids running it as another format (W4A16 where no W4A4 kernel fits)."""
         if not isinstance(input_scale_policy, ExpertScalePolicy):
             raise TypeError(f"input_scale_policy: expected an ExpertScalePolicy, got {input_scale_policy!r}")
         specs = (
@@ -79,10 +86,23 @@ class Nvfp4CheckpointScheme(ExpertScheme[Nvfp4MoeWeights]):
             ParamSpec(self.INPUT_SCALE, torch.float32, ParamLayout.SCALAR, every_expert=True),
         )
         super().__init__(
-            self.NAME, NVFP4, specs, config, device, backend=backend, strict=strict, activation_dtype=activation_dtype
+            self.NAME,
+            self.source_format(),
+            specs,
+            config,
+            device,
+            backend=backend,
+            strict=strict,
+            activation_dtype=activation_dtype,
         )
         self.input_scale_policy = input_scale_policy
-        """How the per-expert input scales become one scalar per GEMM."""
+        """How several input scales of one GEMM input become one: over the layer's experts for the scalar a kernel
+        takes, and over w1's and w3's of one expert."""
+
+    @classmethod
+    @abc.abstractmethod
+    def source_format(cls) -> WeightFormat[W]:
+        """The format of the canonical weights."""
 
     @staticmethod
     @abc.abstractmethod
@@ -95,8 +115,13 @@ class Nvfp4CheckpointScheme(ExpertScheme[Nvfp4MoeWeights]):
         """The scalar input scale from the checkpoint's values of all ``num_experts`` experts (per shard), under
         ``policy``."""
 
-    def canonical_weights(self) -> Nvfp4MoeWeights:
-        """Canonical NVFP4 weights from the loaded parameters."""
+    @staticmethod
+    @abc.abstractmethod
+    def expert_input_scales(values: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertQuantizeGlobalScales:
+        """Each expert's own input scale from the checkpoint's values ``[E, shards]``, its shards made one under
+        ``policy``."""
+
+    def _experts(self) -> tuple[Nvfp4GateUpWeights, Nvfp4ExpertWeights]:
         params = self.params
         packed, scales = params.gate_up(self.PACKED), params.gate_up(self.BLOCK_SCALES)
         weight_scale = params.gate_up(self.WEIGHT_SCALE)
@@ -107,12 +132,62 @@ class Nvfp4CheckpointScheme(ExpertScheme[Nvfp4MoeWeights]):
         w2 = _experts(
             params.down(self.PACKED), params.down(self.BLOCK_SCALES), self.weight_scales(params.down(self.WEIGHT_SCALE))
         )
-        policy, experts = self.input_scale_policy, self.config.num_experts
-        return Nvfp4MoeWeights(
+        return w13, w2
+
+    def _layer_input_scales(self) -> tuple[QuantizeGlobalScale, QuantizeGlobalScale]:
+        """Each GEMM input's scalar over every expert of the layer."""
+        params, policy, experts = self.params, self.input_scale_policy, self.config.num_experts
+        return (
+            self.input_scale(params.gate_up(self.INPUT_SCALE), num_experts=experts, policy=policy),
+            self.input_scale(params.down(self.INPUT_SCALE), num_experts=experts, policy=policy),
+        )
+
+
+class Nvfp4CheckpointScheme(_Nvfp4Checkpoint[Nvfp4MoeWeights]):
+    """An NVFP4 W4A4 checkpoint scheme whose GEMM inputs are quantized with one scalar each (what the FP4 kernels take),
+    collapsed from the experts' values under ``input_scale_policy``."""
+
+    @classmethod
+    def source_format(cls) -> WeightFormat[Nvfp4MoeWeights]:
+        """NVFP4 W4A4 with one input scale per GEMM."""
+        return NVFP4
+
+    def canonical_weights(self) -> Nvfp4MoeWeights:
+        """Canonical NVFP4 weights from the loaded parameters."""
+        w13, w2 = self._experts()
+        w13_input_scale, w2_input_scale = self._layer_input_scales()
+        return Nvfp4MoeWeights(w13=w13, w2=w2, w13_input_scale=w13_input_scale, w2_input_scale=w2_input_scale)
+
+
+class Nvfp4PerExpertCheckpointScheme(_Nvfp4Checkpoint[Nvfp4PerExpertMoeWeights]):
+    """An NVFP4 W4A4 checkpoint scheme whose GEMM inputs are quantized per expert, each with the scale calibrated on
+    that expert's own inputs (an expert far below the others keeps its inputs); the layer-wide scalars ride along for
+    one-scalar kernels, reached through the format's named degradation."""
+
+    @classmethod
+    def source_format(cls) -> WeightFormat[Nvfp4PerExpertMoeWeights]:
+        """NVFP4 W4A4 with one input scale per expert."""
+        return NVFP4_PER_EXPERT
+
+    def canonical_weights(self) -> Nvfp4PerExpertMoeWeights:
+        """Canonical per-per-expert NVFP4 weights: this rank's experts' own input scales, the layer's scalars."""
+        w13, w2 = self._experts()
+        w13_input_scale, w2_input_scale = self._layer_input_scales()
+        params, policy = self.params, self.input_scale_policy
+        start = self.config.local_expert_offset
+        stop = start + self.config.num_local_experts
+
+        def own(values: torch.Tensor) -> ExpertQuantizeGlobalScales:
+            shards = values.reshape(values.shape[0], -1).contiguous()
+            return self.expert_input_scales(shards, policy=policy).experts(start, stop)
+
+        return Nvfp4PerExpertMoeWeights(
             w13=w13,
             w2=w2,
-            w13_input_scale=self.input_scale(params.gate_up(self.INPUT_SCALE), num_experts=experts, policy=policy),
-            w2_input_scale=self.input_scale(params.down(self.INPUT_SCALE), num_experts=experts, policy=policy),
+            w13_input_scales=own(params.gate_up(self.INPUT_SCALE)),
+            w2_input_scales=own(params.down(self.INPUT_SCALE)),
+            w13_input_scale=w13_input_scale,
+            w2_input_scale=w2_input_scale,
         )
 
 

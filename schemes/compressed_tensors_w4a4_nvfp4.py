@@ -8,7 +8,8 @@ the quantize side, ``448 * 6 / amax``).
 
 After loading: gate and up keep their own weight global scales (the typed
 :class:`~moe_core.Nvfp4GateUpWeights`); the per-expert input global scales
-become the one scalar each GEMM takes under ``input_scale_policy``.
+become the one scalar each GEMM takes under ``input_scale_policy``, or, with
+:data:`PER_EXPERT_SCHEME`, stay one per expert (format ``nvfp4-per-expert``).
 
 The default is :attr:`ExpertScalePolicy.CONSERVATIVE` (the smallest
 quantize-side scale, i.e. the largest calibrated amax), because each value
@@ -25,23 +26,34 @@ policy applies to every expert of the layer (each rank loads all the input scale
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
 
-from moe_core import NVFP4, ExpertQuantizeGlobalScales, ExpertScalePolicy, MoeRunnerConfig, QuantizeGlobalScale
+from moe_core import (
+    NVFP4,
+    NVFP4_PER_EXPERT,
+    ExpertQuantizeGlobalScales,
+    ExpertScalePolicy,
+    MoeRunnerConfig,
+    QuantizeGlobalScale,
+)
 from moe_core.scheme import SchemeOptions, SchemeSpec
 from moe_core.schemes._compressed_tensors import compressed_tensors_reason
-from moe_core.schemes._nvfp4_checkpoint import Nvfp4CheckpointScheme, nvfp4_group_problem
+from moe_core.schemes._nvfp4_checkpoint import (
+    Nvfp4CheckpointScheme,
+    Nvfp4PerExpertCheckpointScheme,
+    nvfp4_group_problem,
+)
 
 
-class CompressedTensorsW4A4Nvfp4MoE(Nvfp4CheckpointScheme):
-    """One MoE layer of a compressed-tensors NVFP4 W4A4 checkpoint."""
+class _CompressedTensorsNvfp4:
+    """compressed-tensors' tensor names and quantize-side convention, shared by both input-scale formats."""
 
-    NAME = "compressed-tensors-w4a4-nvfp4"
-    PACKED = "weight_packed"
-    BLOCK_SCALES = "weight_scale"
-    WEIGHT_SCALE = "weight_global_scale"
-    INPUT_SCALE = "input_global_scale"
+    PACKED: ClassVar[str] = "weight_packed"
+    BLOCK_SCALES: ClassVar[str] = "weight_scale"
+    WEIGHT_SCALE: ClassVar[str] = "weight_global_scale"
+    INPUT_SCALE: ClassVar[str] = "input_global_scale"
 
     @staticmethod
     def weight_scales(values: torch.Tensor) -> ExpertQuantizeGlobalScales:
@@ -52,6 +64,24 @@ class CompressedTensorsW4A4Nvfp4MoE(Nvfp4CheckpointScheme):
     def input_scale(values: torch.Tensor, *, num_experts: int, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
         """Quantize-side values, collapsed under ``policy``."""
         return QuantizeGlobalScale.from_checkpoint(values, num_experts=num_experts, policy=policy)
+
+    @staticmethod
+    def expert_input_scales(values: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertQuantizeGlobalScales:
+        """Quantize-side values, each expert's shards collapsed under ``policy``."""
+        return ExpertQuantizeGlobalScales.from_checkpoint_shards(values, policy=policy)
+
+
+class CompressedTensorsW4A4Nvfp4MoE(_CompressedTensorsNvfp4, Nvfp4CheckpointScheme):
+    """One MoE layer of a compressed-tensors NVFP4 W4A4 checkpoint, one input scale per GEMM."""
+
+    NAME = "compressed-tensors-w4a4-nvfp4"
+
+
+class CompressedTensorsW4A4Nvfp4PerExpertMoE(_CompressedTensorsNvfp4, Nvfp4PerExpertCheckpointScheme):
+    """One MoE layer of a compressed-tensors NVFP4 W4A4 checkpoint, each expert's inputs quantized with its own
+    ``input_global_scale`` (format ``nvfp4-per-expert``)."""
+
+    NAME = "compressed-tensors-w4a4-nvfp4-per-expert"
 
 
 def unsupported_reason(quantization_config: Mapping[str, object] | None) -> str | None:
@@ -69,3 +99,17 @@ def _for_layer(config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype
 
 SCHEME = SchemeSpec(CompressedTensorsW4A4Nvfp4MoE.NAME, NVFP4, unsupported_reason, _for_layer)
 """The scheme as the checkpoint loader and ``moe-core`` see it."""
+
+
+def _for_layer_per_expert(
+    config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype, options: SchemeOptions
+) -> CompressedTensorsW4A4Nvfp4PerExpertMoE:
+    return CompressedTensorsW4A4Nvfp4PerExpertMoE(
+        config, device, backend=options.backend, strict=options.strict, activation_dtype=options.activation_dtype
+    )
+
+
+PER_EXPERT_SCHEME = SchemeSpec(
+    CompressedTensorsW4A4Nvfp4PerExpertMoE.NAME, NVFP4_PER_EXPERT, unsupported_reason, _for_layer_per_expert
+)
+"""The same checkpoints with per-expert input scales: ``MoeCheckpoint.load_layer(layer, scheme=PER_EXPERT_SCHEME)``."""

@@ -14,11 +14,13 @@ in :mod:`moe_core.schemes.compressed_tensors_w4a4_nvfp4`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
 
 from moe_core import (
     NVFP4,
+    NVFP4_PER_EXPERT,
     DequantizeGlobalScale,
     ExpertDequantizeGlobalScales,
     ExpertQuantizeGlobalScales,
@@ -27,17 +29,16 @@ from moe_core import (
     QuantizeGlobalScale,
 )
 from moe_core.scheme import SchemeOptions, SchemeSpec
-from moe_core.schemes._nvfp4_checkpoint import Nvfp4CheckpointScheme
+from moe_core.schemes._nvfp4_checkpoint import Nvfp4CheckpointScheme, Nvfp4PerExpertCheckpointScheme
 
 
-class ModelOptNvfp4MoE(Nvfp4CheckpointScheme):
-    """One MoE layer of a ModelOpt NVFP4 checkpoint."""
+class _ModelOptNvfp4:
+    """ModelOpt's tensor names and dequantize-side convention, shared by both input-scale formats."""
 
-    NAME = "modelopt-nvfp4"
-    PACKED = "weight"
-    BLOCK_SCALES = "weight_scale"
-    WEIGHT_SCALE = "weight_scale_2"
-    INPUT_SCALE = "input_scale"
+    PACKED: ClassVar[str] = "weight"
+    BLOCK_SCALES: ClassVar[str] = "weight_scale"
+    WEIGHT_SCALE: ClassVar[str] = "weight_scale_2"
+    INPUT_SCALE: ClassVar[str] = "input_scale"
 
     @staticmethod
     def weight_scales(values: torch.Tensor) -> ExpertQuantizeGlobalScales:
@@ -50,6 +51,26 @@ class ModelOptNvfp4MoE(Nvfp4CheckpointScheme):
         return QuantizeGlobalScale.from_dequantize(
             DequantizeGlobalScale.from_checkpoint(values, num_experts=num_experts, policy=policy)
         )
+
+    @staticmethod
+    def expert_input_scales(values: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertQuantizeGlobalScales:
+        """Dequantize-side values, each expert's shards collapsed under ``policy``, then converted."""
+        return ExpertQuantizeGlobalScales.from_dequantize(
+            ExpertDequantizeGlobalScales.from_checkpoint_shards(values, policy=policy)
+        )
+
+
+class ModelOptNvfp4MoE(_ModelOptNvfp4, Nvfp4CheckpointScheme):
+    """One MoE layer of a ModelOpt NVFP4 checkpoint, one input scale per GEMM."""
+
+    NAME = "modelopt-nvfp4"
+
+
+class ModelOptNvfp4PerExpertMoE(_ModelOptNvfp4, Nvfp4PerExpertCheckpointScheme):
+    """One MoE layer of a ModelOpt NVFP4 checkpoint, each expert's inputs quantized with its own ``input_scale``
+    (format ``nvfp4-per-expert``)."""
+
+    NAME = "modelopt-nvfp4-per-expert"
 
 
 def unsupported_reason(quantization_config: Mapping[str, object] | None) -> str | None:
@@ -76,3 +97,17 @@ def _for_layer(config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype
 
 SCHEME = SchemeSpec(ModelOptNvfp4MoE.NAME, NVFP4, unsupported_reason, _for_layer)
 """The scheme as the checkpoint loader and ``moe-core`` see it."""
+
+
+def _for_layer_per_expert(
+    config: MoeRunnerConfig, device: torch.device, dtype: torch.dtype, options: SchemeOptions
+) -> ModelOptNvfp4PerExpertMoE:
+    return ModelOptNvfp4PerExpertMoE(
+        config, device, backend=options.backend, strict=options.strict, activation_dtype=options.activation_dtype
+    )
+
+
+PER_EXPERT_SCHEME = SchemeSpec(
+    ModelOptNvfp4PerExpertMoE.NAME, NVFP4_PER_EXPERT, unsupported_reason, _for_layer_per_expert
+)
+"""The same checkpoints with per-expert input scales: ``MoeCheckpoint.load_layer(layer, scheme=PER_EXPERT_SCHEME)``."""

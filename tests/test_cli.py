@@ -93,7 +93,7 @@ def test_info_lists_each_formats_candidates_and_the_one_chosen(capsys: pytest.Ca
     rows = table_rows(out, 0)
     assert rows["dense reference-dense"][2:5] == ["oracle", "yes", "ok"]
     assert rows["nvfp4 reference-nvfp4"][3] == "yes" and rows["nvfp4 triton-nvfp4-w4a16"][3] == "-"
-    assert rows["nvfp4 triton-nvfp4-w4a16"][5].startswith("nvfp4 -> nvfp4-w4a16: activations stay 16-bit")
+    assert rows["nvfp4 triton-nvfp4-w4a16"][5].startswith("-> nvfp4-w4a16: activations stay 16-bit")
     assert all(len(line) <= 100 for line in out.splitlines()), max(out.splitlines(), key=len)
 
 

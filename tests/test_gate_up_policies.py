@@ -71,7 +71,7 @@ def folded_reference(config: MoeRunnerConfig, weights: Nvfp4MoeWeights, dispatch
         ratio = up_scales[expert] / gate_scales[expert]
         up_at_gate_scale = weights.w13.up.dequantize_expert(expert) * ratio
         fc1 = torch.cat((weights.w13.gate.dequantize_expert(expert), up_at_gate_scale))
-        h = config.activation.apply(recipe.quantize_input(weights, x) @ fc1.T)
+        h = config.activation.apply(recipe.quantize_input(weights, expert, x) @ fc1.T)
         folded = QuantizeGlobalScale.from_amax(NVFP4_RANGE / (activation_scale / ratio))
         q = quantize_activation(h, folded)
         return (q.dequantize() * (q.global_scale.value.reshape(()) / activation_scale)) @ recipe.down(weights, expert).T

@@ -194,11 +194,11 @@ def cutlass_rounded_reference(
     activation (bf16 and NVFP4 experts; FP8 quantizes it from float)."""
 
     def mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
-        acc1 = (recipe.quantize_input(weights, x) @ recipe.gate_up(weights, expert).T).to(torch.bfloat16).float()
+        acc1 = (recipe.quantize_input(weights, expert, x) @ recipe.gate_up(weights, expert).T).to(torch.bfloat16).float()
         h = config.activation.apply(acc1)
         if activation_in_bf16:
             h = h.to(torch.bfloat16).float()
-        return recipe.quantize_hidden(weights, h) @ recipe.down(weights, expert).T
+        return recipe.quantize_hidden(weights, expert, h) @ recipe.down(weights, expert).T
 
     return run_experts(config, dispatch, weights, mlp)
 

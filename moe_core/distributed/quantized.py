@@ -164,13 +164,13 @@ class _ReceivedInput(Generic[W]):
         """As the format's recipe."""
         return self.recipe.down(weights, expert)
 
-    def quantize_input(self, weights: W, x: torch.Tensor) -> torch.Tensor:
+    def quantize_input(self, weights: W, expert: int, x: torch.Tensor) -> torch.Tensor:
         """``x`` as received: its round trip happened before the exchange."""
         return x
 
-    def quantize_hidden(self, weights: W, h: torch.Tensor) -> torch.Tensor:
+    def quantize_hidden(self, weights: W, expert: int, h: torch.Tensor) -> torch.Tensor:
         """As the format's recipe."""
-        return self.recipe.quantize_hidden(weights, h)
+        return self.recipe.quantize_hidden(weights, expert, h)
 
 
 def _refuse_input_weighting(config: MoeRunnerConfig) -> None:

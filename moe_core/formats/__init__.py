@@ -1,5 +1,5 @@
-"""moe-core's weight formats, one kit (folder) each: dense, NVFP4 W4A4, NVFP4 W4A16, FP8 per tensor, per channel and
-per 128x128 block, MXFP4.
+"""moe-core's weight formats, one kit (folder) each: dense, NVFP4 W4A4 (one input scale per GEMM, or one per expert),
+NVFP4 W4A16, FP8 per tensor, per channel and per 128x128 block, MXFP4.
 
 A kit holds its weights type (``weights.py``), its reference recipe for the
 one generic reference forward (``reference.py``, see
@@ -16,6 +16,7 @@ from moe_core.formats.fp8_block import FP8_BLOCK_SCALED, Fp8BlockMoeWeights, Fp8
 from moe_core.formats.fp8_channel import FP8_CHANNEL, Fp8ChannelMoeWeights, Fp8ChannelRecipe
 from moe_core.formats.mxfp4 import MXFP4, Mxfp4MoeWeights, Mxfp4Recipe
 from moe_core.formats.nvfp4 import NVFP4, NVFP4_TO_W4A16, Nvfp4MoeWeights, Nvfp4Recipe
+from moe_core.formats.nvfp4_per_expert import NVFP4_PER_EXPERT, Nvfp4PerExpertMoeWeights, Nvfp4PerExpertRecipe
 from moe_core.formats.nvfp4_w4a16 import NVFP4_W4A16, Nvfp4W4A16MoeWeights, Nvfp4W4A16Recipe
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "FP8_CHANNEL",
     "MXFP4",
     "NVFP4",
+    "NVFP4_PER_EXPERT",
     "NVFP4_TO_W4A16",
     "NVFP4_W4A16",
     "DenseMoeWeights",
@@ -37,6 +39,8 @@ __all__ = [
     "Fp8Recipe",
     "Mxfp4MoeWeights",
     "Mxfp4Recipe",
+    "Nvfp4PerExpertMoeWeights",
+    "Nvfp4PerExpertRecipe",
     "Nvfp4MoeWeights",
     "Nvfp4Recipe",
     "Nvfp4W4A16MoeWeights",

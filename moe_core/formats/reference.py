@@ -40,11 +40,12 @@ class ReferenceRecipe(Protocol[W_contra]):
         """Local expert ``expert``'s ``w2`` in float32, ``[H, I]``."""
         ...
 
-    def quantize_input(self, weights: W_contra, x: torch.Tensor) -> torch.Tensor:
-        """The first GEMM's float32 input as the format's kernels see it (a quantization round trip, or ``x``)."""
+    def quantize_input(self, weights: W_contra, expert: int, x: torch.Tensor) -> torch.Tensor:
+        """The first GEMM's float32 input to local expert ``expert`` as the format's kernels see it (a quantization
+        round trip, or ``x``)."""
         ...
 
-    def quantize_hidden(self, weights: W_contra, h: torch.Tensor) -> torch.Tensor:
+    def quantize_hidden(self, weights: W_contra, expert: int, h: torch.Tensor) -> torch.Tensor:
         """The gated activation as the second GEMM sees it."""
         ...
 
@@ -115,10 +116,10 @@ class ReferenceRunner(Generic[W]):
                     f"quant_info: the config says expert_biases={config.expert_biases}, "
                     f"the weights carry {'some' if biases is not None else 'none'}"
                 )
-            h = recipe.quantize_input(quant_info, x) @ w13.T
+            h = recipe.quantize_input(quant_info, expert, x) @ w13.T
             if biases is not None:
                 h = h + biases[0]
-            y = recipe.quantize_hidden(quant_info, activation.apply(h)) @ recipe.down(quant_info, expert).T
+            y = recipe.quantize_hidden(quant_info, expert, activation.apply(h)) @ recipe.down(quant_info, expert).T
             return y if biases is None else y + biases[1]
 
         return run_experts(config, dispatch, quant_info, mlp)

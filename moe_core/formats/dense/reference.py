@@ -23,11 +23,11 @@ class DenseRecipe:
         """``w2[expert]`` in float32."""
         return weights.w2[expert].to(torch.float32)
 
-    def quantize_input(self, weights: DenseMoeWeights, x: torch.Tensor) -> torch.Tensor:
+    def quantize_input(self, weights: DenseMoeWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
         """Not quantized."""
         return x
 
-    def quantize_hidden(self, weights: DenseMoeWeights, h: torch.Tensor) -> torch.Tensor:
+    def quantize_hidden(self, weights: DenseMoeWeights, expert: int, h: torch.Tensor) -> torch.Tensor:
         """Not quantized."""
         return h
 

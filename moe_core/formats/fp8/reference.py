@@ -25,10 +25,10 @@ class Fp8Recipe:
         """``w2[expert]`` dequantized."""
         return weights.w2.dequantize_expert(expert)
 
-    def quantize_input(self, weights: Fp8MoeWeights, x: torch.Tensor) -> torch.Tensor:
+    def quantize_input(self, weights: Fp8MoeWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
         """An FP8 round trip with the first GEMM's static input scale."""
         return fake_quantize_fp8(x, weights.w13_input_scale)
 
-    def quantize_hidden(self, weights: Fp8MoeWeights, h: torch.Tensor) -> torch.Tensor:
+    def quantize_hidden(self, weights: Fp8MoeWeights, expert: int, h: torch.Tensor) -> torch.Tensor:
         """An FP8 round trip with the second GEMM's static input scale."""
         return fake_quantize_fp8(h, weights.w2_input_scale)

@@ -25,10 +25,10 @@ class Fp8BlockRecipe:
         """``w2[expert]`` dequantized."""
         return weights.w2.dequantize_expert(expert)
 
-    def quantize_input(self, weights: Fp8BlockMoeWeights, x: torch.Tensor) -> torch.Tensor:
+    def quantize_input(self, weights: Fp8BlockMoeWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
         """Each token's 128-column groups through an FP8 round trip with their own amax."""
         return fake_quantize_fp8_per_group(x)
 
-    def quantize_hidden(self, weights: Fp8BlockMoeWeights, h: torch.Tensor) -> torch.Tensor:
+    def quantize_hidden(self, weights: Fp8BlockMoeWeights, expert: int, h: torch.Tensor) -> torch.Tensor:
         """Each token's 128-column groups through an FP8 round trip with their own amax."""
         return fake_quantize_fp8_per_group(h)

@@ -25,10 +25,10 @@ class Fp8ChannelRecipe:
         """``w2[expert]`` dequantized."""
         return weights.w2.dequantize_expert(expert)
 
-    def quantize_input(self, weights: Fp8ChannelMoeWeights, x: torch.Tensor) -> torch.Tensor:
+    def quantize_input(self, weights: Fp8ChannelMoeWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
         """Each row through an FP8 round trip with its own amax."""
         return fake_quantize_fp8_per_token(x)
 
-    def quantize_hidden(self, weights: Fp8ChannelMoeWeights, h: torch.Tensor) -> torch.Tensor:
+    def quantize_hidden(self, weights: Fp8ChannelMoeWeights, expert: int, h: torch.Tensor) -> torch.Tensor:
         """Each row through an FP8 round trip with its own amax."""
         return fake_quantize_fp8_per_token(h)

@@ -24,11 +24,11 @@ class Mxfp4Recipe:
         """``w2[expert]`` dequantized."""
         return weights.w2.dequantize_expert(expert)
 
-    def quantize_input(self, weights: Mxfp4MoeWeights, x: torch.Tensor) -> torch.Tensor:
+    def quantize_input(self, weights: Mxfp4MoeWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
         """Not quantized (W4A16)."""
         return x
 
-    def quantize_hidden(self, weights: Mxfp4MoeWeights, h: torch.Tensor) -> torch.Tensor:
+    def quantize_hidden(self, weights: Mxfp4MoeWeights, expert: int, h: torch.Tensor) -> torch.Tensor:
         """Not quantized (W4A16)."""
         return h
 

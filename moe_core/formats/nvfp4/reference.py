@@ -35,10 +35,10 @@ class Nvfp4Recipe:
         """``w2[expert]`` dequantized."""
         return weights.w2.dequantize_expert(expert)
 
-    def quantize_input(self, weights: Nvfp4MoeWeights, x: torch.Tensor) -> torch.Tensor:
+    def quantize_input(self, weights: Nvfp4MoeWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
         """An NVFP4 round trip with the first GEMM's input scale."""
         return fake_quantize_nvfp4(x, weights.w13_input_scale)
 
-    def quantize_hidden(self, weights: Nvfp4MoeWeights, h: torch.Tensor) -> torch.Tensor:
+    def quantize_hidden(self, weights: Nvfp4MoeWeights, expert: int, h: torch.Tensor) -> torch.Tensor:
         """An NVFP4 round trip with the second GEMM's input scale."""
         return fake_quantize_nvfp4(h, weights.w2_input_scale)

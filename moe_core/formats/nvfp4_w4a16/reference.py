@@ -24,10 +24,10 @@ class Nvfp4W4A16Recipe:
         """``w2[expert]`` dequantized."""
         return weights.w2.dequantize_expert(expert)
 
-    def quantize_input(self, weights: Nvfp4W4A16MoeWeights, x: torch.Tensor) -> torch.Tensor:
+    def quantize_input(self, weights: Nvfp4W4A16MoeWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
         """Not quantized (W4A16)."""
         return x
 
-    def quantize_hidden(self, weights: Nvfp4W4A16MoeWeights, h: torch.Tensor) -> torch.Tensor:
+    def quantize_hidden(self, weights: Nvfp4W4A16MoeWeights, expert: int, h: torch.Tensor) -> torch.Tensor:
         """Not quantized (W4A16)."""
         return h

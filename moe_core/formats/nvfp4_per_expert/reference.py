@@ -1,0 +1,40 @@
+"""The per-per-expert NVFP4 W4A4 format's reference: the NVFP4 W4A4 reference, each local expert's GEMM inputs
+quantized (by the kernels' recipe) with that expert's own input scale."""
+
+from __future__ import annotations
+
+from typing import final
+
+import attrs
+import torch
+
+from moe_core.formats.nvfp4.reference import fake_quantize_nvfp4
+from moe_core.formats.nvfp4_per_expert.weights import Nvfp4PerExpertMoeWeights
+from moe_core.global_scales import ExpertQuantizeGlobalScales, ExpertScalePolicy, QuantizeGlobalScale
+
+
+def _own(scales: ExpertQuantizeGlobalScales, expert: int) -> QuantizeGlobalScale:
+    """Local expert ``expert``'s own scale, as the scalar its rows are quantized with."""
+    return QuantizeGlobalScale.from_experts(scales.experts(expert, expert + 1), policy=ExpertScalePolicy.REQUIRE_EQUAL)
+
+
+@final
+@attrs.frozen
+class Nvfp4PerExpertRecipe:
+    """NVFP4 W4A4 with per-expert input scales: FP4 activations and weights, float32 accumulation."""
+
+    def gate_up(self, weights: Nvfp4PerExpertMoeWeights, expert: int) -> torch.Tensor:
+        """The gate and up halves dequantized, each with its own global scale."""
+        return weights.w13.dequantize_expert(expert)
+
+    def down(self, weights: Nvfp4PerExpertMoeWeights, expert: int) -> torch.Tensor:
+        """``w2[expert]`` dequantized."""
+        return weights.w2.dequantize_expert(expert)
+
+    def quantize_input(self, weights: Nvfp4PerExpertMoeWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
+        """An NVFP4 round trip with this expert's first-GEMM input scale."""
+        return fake_quantize_nvfp4(x, _own(weights.w13_input_scales, expert))
+
+    def quantize_hidden(self, weights: Nvfp4PerExpertMoeWeights, expert: int, h: torch.Tensor) -> torch.Tensor:
+        """An NVFP4 round trip with this expert's second-GEMM input scale."""
+        return fake_quantize_nvfp4(h, _own(weights.w2_input_scales, expert))
