@@ -3,8 +3,10 @@
 Each family's block is built from a tiny config, its parameters drawn at
 random (biases and DeepSeek's correction bias included, so every term
 counts), then swapped: the swapped block must match the original within
-1e-5 relative error. Four whole models must keep their logits within 1e-5
-and their 32 greedy tokens.
+1e-5 relative error; so must other readings of a family's config
+(VARIANTS), and readings moe-core does not compute must be refused
+(REFUSED). Four whole models must keep their logits within 1e-5 and their
+32 greedy tokens. docs/transformers-families.md reports the errors measured.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.transformers
 
 TOLERANCE = 1e-5
 ATTENTION = {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64, "max_position_embeddings": 128}
+MHA = {**ATTENTION, "num_key_value_heads": 4}
 
 
 def _deepseek_sizes() -> dict[str, object]:
@@ -124,8 +127,143 @@ CONFIGS: dict[str, Callable[..., object]] = {
         hidden_size=32, moe_intermediate_size=16, moe_shared_expert_intermediate_size=24, n_routed_experts=8,
         num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=1.5, head_dim=8, **ATTENTION, **more
     ),
+    # Copies of a covered family's block under another name.
+    "qwen4_exp": lambda **more: transformers.Qwen4ExpTextConfig(
+        hidden_size=32, moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=8,
+        num_experts_per_tok=3, norm_topk_prob=False, head_dim=8, **ATTENTION, **more
+    ),
+    "mellum": lambda **more: transformers.MellumConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_local_experts=8, num_experts_per_tok=2,
+        head_dim=8, **ATTENTION, **more
+    ),
+    "qwen3_omni_moe": lambda **more: transformers.Qwen3OmniMoeTextConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3,
+        norm_topk_prob=False, head_dim=8, **ATTENTION, **more
+    ),
+    "qwen3_omni_moe_talker": lambda **more: transformers.Qwen3OmniMoeTalkerTextConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+        num_experts=8, num_experts_per_tok=3, norm_topk_prob=True, head_dim=8, **ATTENTION, **more
+    ),
+    "lara_mini": lambda **more: transformers.LaraMiniConfig(
+        hidden_size=32, moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=8,
+        num_experts_per_tok=3, norm_topk_prob=True, head_dim=8, **ATTENTION, **more
+    ),
+    "bailing_hybrid": lambda **more: transformers.BailingHybridConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_shared_experts=1, num_experts=8,
+        num_expert_group=4, topk_group=2, num_experts_per_token=3, routed_scaling_factor=2.5, head_dim=8,
+        **ATTENTION, **more
+    ),
+    "deepseek_v32": lambda **more: transformers.DeepseekV32Config(**_deepseek_sizes(), **more),
+    "dots3_note": lambda **more: transformers.Dots3NoteTextConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, shared_experts_intermediate_size=24,
+        n_shared_experts=1, n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=3,
+        routed_scaling_factor=2.0, head_dim=8, **MHA, **more
+    ),
+    "exaone_moe": lambda **more: transformers.ExaoneMoeConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3,
+        num_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5, head_dim=8, **ATTENTION, **more
+    ),
+    "glm4_moe_lite": lambda **more: transformers.Glm4MoeLiteConfig(**_deepseek_sizes(), **more),
+    "glm_moe_dsa": lambda **more: transformers.GlmMoeDsaConfig(**_deepseek_sizes(), **more),
+    "kimi_linear": lambda **more: transformers.KimiLinearConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_shared_experts=1, num_experts=8,
+        num_expert_group=4, topk_group=2, num_experts_per_token=3, routed_scaling_factor=2.5, head_dim=8,
+        **ATTENTION, **more
+    ),
+    "mimo_v2_flash": lambda **more: transformers.MiMoV2FlashConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, n_routed_experts=8, n_group=4, topk_group=2,
+        num_experts_per_tok=3, routed_scaling_factor=1.5, head_dim=8, **ATTENTION, **more
+    ),
+    "solar_open": lambda **more: transformers.SolarOpenConfig(
+        hidden_size=32, moe_intermediate_size=16, n_shared_experts=1, n_routed_experts=8, n_group=4, topk_group=2,
+        num_experts_per_tok=3, routed_scaling_factor=1.5, head_dim=8, **ATTENTION, **more
+    ),
+    "deepseek_ocr2": lambda **more: transformers.DeepseekOcr2TextConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=3, routed_scaling_factor=1.5, head_dim=8, **ATTENTION, **more
+    ),
+    "unlimited_ocr": lambda **more: transformers.UnlimitedOcrTextConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=2,
+        num_experts_per_tok=3, routed_scaling_factor=1.5, head_dim=8, **ATTENTION, **more
+    ),
+    # Routing and experts moe-core computes, read from their own block layouts.
+    "axk1": lambda **more: transformers.AXK1Config(**_deepseek_sizes(), **more),
+    "axk2": lambda **more: transformers.AXK2Config(
+        **{**_deepseek_sizes(), "n_group": None, "topk_group": None}, **more
+    ),
+    "afmoe": lambda **more: transformers.AfmoeConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3,
+        num_shared_experts=1, route_scale=2.0, head_dim=8, **ATTENTION, **more
+    ),
+    "aria": lambda **more: transformers.AriaTextConfig(
+        hidden_size=32, intermediate_size=16, moe_num_experts=4, moe_topk=2, moe_num_shared_experts=2,
+        hidden_act="gelu_pytorch_tanh", head_dim=8, **ATTENTION, **more
+    ),
+    "beam": lambda **more: transformers.BeamConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3,
+        n_group=4, topk_group=2, routed_scaling_factor=2.5, head_dim=8, **ATTENTION, **more
+    ),
+    "cohere2_moe": lambda **more: transformers.Cohere2MoeConfig(
+        hidden_size=32, intermediate_size=16, num_experts=8, num_experts_per_tok=3, num_shared_experts=1,
+        shared_expert_combination_strategy="average", expert_selection_fn="sigmoid", norm_topk_prob=True,
+        head_dim=8, **ATTENTION, **more
+    ),
+    "flint": lambda **more: transformers.FlintConfig(
+        hidden_size=32, moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=8,
+        num_experts_per_tok=3, norm_topk_prob=True, head_dim=8, **ATTENTION, **more
+    ),
+    "hunyuan_v1_moe": lambda **more: transformers.HunYuanMoEV1Config(
+        hidden_size=32, intermediate_size=16, num_experts=4, moe_topk=2, head_dim=8, **ATTENTION, **more
+    ),
+    "hy_v3": lambda **more: transformers.HYV3Config(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3,
+        num_shared_experts=1, router_scaling_factor=2.5, head_dim=8, **ATTENTION, **more
+    ),
+    "jetmoe": lambda **more: transformers.JetMoeConfig(
+        hidden_size=32, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2, kv_channels=8,
+        num_key_value_heads=4, vocab_size=64, **more
+    ),
+    "laguna": lambda **more: transformers.LagunaConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+        num_experts=8, num_experts_per_tok=3, moe_routed_scaling_factor=2.0, head_dim=8, **ATTENTION, **more
+    ),
+    "lfm2_moe": lambda **more: transformers.Lfm2MoeConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3,
+        use_expert_bias=True, routed_scaling_factor=1.5, norm_topk_prob=True, **ATTENTION, **more
+    ),
+    "minimax_m2": lambda **more: transformers.MiniMaxM2Config(
+        hidden_size=32, intermediate_size=16, num_local_experts=8, num_experts_per_tok=3, head_dim=8,
+        **ATTENTION, **more
+    ),
+    "minimax_m3_vl": lambda **more: transformers.MiniMaxM3VLTextConfig(
+        hidden_size=32, intermediate_size=16, dense_intermediate_size=48, shared_intermediate_size=24,
+        num_local_experts=8, num_experts_per_tok=3, routed_scaling_factor=2.0, head_dim=8, **ATTENTION, **more
+    ),
+    "mistral4": lambda **more: transformers.Mistral4Config(
+        **{**_deepseek_sizes(), "n_group": 2, "topk_group": 2, "norm_topk_prob": False}, **more
+    ),
+    "mistral_large4": lambda **more: transformers.MistralLarge4TextConfig(
+        **{**_deepseek_sizes(), "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.5}, **more
+    ),
+    "openai_privacy_filter": lambda **more: transformers.OpenAIPrivacyFilterConfig(
+        hidden_size=32, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2, head_dim=8,
+        **ATTENTION, **more
+    ),
+    "step3p7": lambda **more: transformers.Step3p7TextConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, share_expert_dim=24, n_routed_experts=8,
+        num_experts_per_tok=3, moe_router_scaling_factor=2.0, head_dim=8, **ATTENTION, **more
+    ),
 }
 """A tiny config per covered family."""
+
+MODULES = {"qwen3_omni_moe_talker": "qwen3_omni_moe"}
+"""The model type whose modeling module holds a family's block, where the family is named otherwise."""
+
+BLOCK_ARGS: dict[str, tuple[int, ...]] = {"step3p7": (0,)}
+"""Arguments a family's block takes after its config (a layer index)."""
+
+CLAMPED = {"gpt_oss", "minimax_m3_vl", "openai_privacy_filter"}
+"""Families whose clamped SwiGLU needs inputs large enough to reach the clamp."""
 
 MODELS = {
     "mixtral": "MixtralForCausalLM",
@@ -146,11 +284,20 @@ def _randomize(module: nn.Module, gen: torch.Generator, std: float) -> None:
                 tensor.copy_(torch.randn(tensor.shape, generator=gen) * std)
 
 
-def _block(family: str, gen: torch.Generator) -> nn.Module:
-    """The family's block class, found in its modeling module, on the tiny config, random and in eval mode."""
+def _config(family: str, **overrides: object) -> object:
+    """The family's tiny config, with ``overrides`` set on it."""
     config = CONFIGS[family]()
-    modeling = __import__(f"transformers.models.{family}.modeling_{family}", fromlist=["_"])
-    block: nn.Module = getattr(modeling, BLOCKS[family])(config)
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    return config
+
+
+def _block(family: str, gen: torch.Generator, **overrides: object) -> nn.Module:
+    """The family's block class, found in its modeling module, on the tiny config, random and in eval mode."""
+    config = _config(family, **overrides)
+    module = MODULES.get(family, family)
+    modeling = __import__(f"transformers.models.{module}.modeling_{module}", fromlist=["_"])
+    block: nn.Module = getattr(modeling, BLOCKS[family])(config, *BLOCK_ARGS.get(family, ()))
     _randomize(block, gen, 0.2)
     return block.eval()
 
@@ -168,23 +315,69 @@ class _Holder(nn.Module):
         self.mlp = block
 
 
-@pytest.mark.parametrize("family", sorted(CONFIGS))
-def test_block_matches_transformers(family: str, gen: torch.Generator) -> None:
-    block = _block(family, gen)
-    x = torch.randn(3, 7, 32, generator=gen) * (4.0 if family == "gpt_oss" else 1.0)
+VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
+    "cohere2_moe/softmax,sum": (
+        "cohere2_moe", {"expert_selection_fn": "softmax", "shared_expert_combination_strategy": "sum"}
+    ),
+    "lfm2_moe/no expert bias": ("lfm2_moe", {"use_expert_bias": False, "norm_topk_prob": False}),
+}
+"""Another reading of a family's config, checked like its tiny config: ``name -> (family, config overrides)``."""
+
+WITH_TOPK_WEIGHTS = {"gpt_oss", "openai_privacy_filter"}
+"""Families whose block returns its top-k weights beside the output, checked too."""
+
+
+def _check_block(family: str, gen: torch.Generator, name: str, **overrides: object) -> None:
+    block = _block(family, gen, **overrides)
+    x = torch.randn(3, 7, 32, generator=gen) * (4.0 if family in CLAMPED else 1.0)
     with torch.no_grad():
         want = block(x)
-        holder = _Holder(block, CONFIGS[family]())
+        holder = _Holder(block, _config(family, **overrides))
         (swapped,) = swap_moe_blocks(holder)
         assert isinstance(holder.mlp, MoeCoreBlock) and swapped.family == family
         got = holder.mlp(x)
     if isinstance(want, tuple):
         assert isinstance(got, tuple)
+        if family in WITH_TOPK_WEIGHTS:  # the same k weights per token, in either order
+            got_weights, want_weights = (w.reshape(-1, w.shape[-1]).sort(dim=-1).values for w in (got[1], want[1]))
+            assert _relative_error(got_weights, want_weights) <= TOLERANCE
         want, got = want[0], got[0]
     assert isinstance(got, torch.Tensor)
     error = _relative_error(got.view(want.shape), want)
-    print(f"{family}: max relative error {error:.2e}, {swapped.backend}")
+    print(f"{name}: max relative error {error:.2e}, {swapped.backend}")
     assert error <= TOLERANCE
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_block_matches_transformers(family: str, gen: torch.Generator) -> None:
+    _check_block(family, gen, family)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_block_variant_matches_transformers(name: str, gen: torch.Generator) -> None:
+    family, overrides = VARIANTS[name]
+    _check_block(family, gen, name, **overrides)
+
+
+REFUSED: dict[str, tuple[str, dict[str, object], str]] = {
+    "axk2/grouped": ("axk2", {"n_group": 4, "topk_group": 2}, "masks dropped groups with 0.0"),
+    "laguna/softcapped": ("laguna", {"moe_router_logit_softcapping": 30.0}, "soft-capped router logits"),
+    "mistral4/dropped groups": ("mistral4", {"n_group": 4, "topk_group": 2}, "drops groups"),
+    "step3p7/swiglu limits": ("step3p7", {"swiglu_limits": [7.0] * 64}, "clamped SwiGLU"),
+    "cohere2_moe/unknown strategy": (
+        "cohere2_moe", {"shared_expert_combination_strategy": "max"}, "'sum' or 'average'"
+    ),
+}
+"""Readings of a covered family's config that moe-core does not compute: refused by name, nothing swapped."""
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_uncovered_variant_is_refused(name: str, gen: torch.Generator) -> None:
+    family, overrides, match = REFUSED[name]
+    holder = _Holder(_block(family, gen, **overrides), _config(family, **overrides))
+    with pytest.raises(ValueError, match=match):
+        swap_moe_blocks(holder)
+    assert not isinstance(holder.mlp, MoeCoreBlock)
 
 
 @pytest.mark.parametrize("family", sorted(MODELS))
@@ -228,4 +421,12 @@ def test_a_backend_that_refuses_leaves_the_model_as_it_was(gen: torch.Generator)
     holder = _Holder(_block("gpt_oss", gen), CONFIGS["gpt_oss"]())
     with pytest.raises(BackendSelectionError, match="clamped_swiglu.*per-expert biases"):
         swap_moe_blocks(holder, backend="triton-dense")
+    assert not isinstance(holder.mlp, MoeCoreBlock)
+
+
+def test_experts_computing_another_activation_than_the_config_are_refused(gen: torch.Generator) -> None:
+    """Qwen3-Omni's talker names its activation in its own config, not in the text config the swap reads."""
+    holder = _Holder(_block("qwen3_omni_moe_talker", gen, hidden_act="gelu"), _config("qwen3_omni_moe_talker"))
+    with pytest.raises(ValueError, match="does not compute the config's silu"):
+        swap_moe_blocks(holder)
     assert not isinstance(holder.mlp, MoeCoreBlock)

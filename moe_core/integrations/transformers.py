@@ -8,7 +8,11 @@ activation as typed values, and puts a :class:`MoeCoreBlock` in the block's
 place. The families are keyed by the block's class name (:data:`FAMILIES`),
 so nothing here imports transformers. Unquantized (fp32/bf16/fp16) expert
 weights only; inference only (a block in training mode refuses to run:
-routers jitter and sparsemixer samples there).
+routers jitter and sparsemixer samples there). A family's config reading
+that moe-core does not compute (say, expert groups scored by softmax) is
+refused by name when the model is swapped. ``docs/transformers-families.md``
+lists every MoE model type of transformers 5.24 with what is covered and why
+the rest is not.
 
 What a swapped model no longer does: record ``router_logits`` through
 transformers' output hooks on its router classes (``output_router_logits``);
@@ -28,6 +32,7 @@ from torch import nn
 
 from moe_core.capability import DeviceSpec
 from moe_core.config import (
+    HIDDEN_ACTS,
     Activation,
     ClampedSwiglu,
     ExpertActivation,
@@ -36,6 +41,7 @@ from moe_core.config import (
     MoeRunnerConfig,
     Routing,
     RoutingMethod,
+    SigmoidTopK,
     SparseMixer,
 )
 from moe_core.formats.dense import DenseMoeWeights, ExpertBiases, GateUpLayout
@@ -43,15 +49,6 @@ from moe_core.layer import MoeLayer, SharedExpert, dense_layer
 from moe_core.routing import Router
 
 T = TypeVar("T")
-
-HIDDEN_ACTS: dict[str, Activation] = {
-    "silu": Activation.SILU_GATED,
-    "swish": Activation.SILU_GATED,
-    "gelu": Activation.GELU_GATED,
-    "gelu_pytorch_tanh": Activation.GELU_TANH_GATED,
-    "relu2": Activation.RELU2,
-}
-"""transformers' ``hidden_act`` names -> the activation that computes the same (``ACT2FN``)."""
 
 
 class BlockReturn(enum.Enum):
@@ -63,16 +60,20 @@ class BlockReturn(enum.Enum):
     """``(output, top-k weights [T, K])`` (gpt-oss)."""
     WITH_ROUTER_LOGITS = "with_router_logits"
     """``(output, router logits [T, E])`` (Llama 4)."""
+    WITH_TOPK_WEIGHTS_OVER_K = "with_topk_weights_over_k"
+    """``(output, top-k weights / k [T, K])`` (OpenAI privacy filter, whose block multiplies its output by k)."""
 
 
 class MoeCoreBlock(nn.Module):
     """A moe-core layer where a transformers sparse MoE block stood: ``[..., H]`` in, ``[..., H]`` out."""
 
-    def __init__(self, layer: MoeLayer, returns: BlockReturn, family: str) -> None:
+    def __init__(self, layer: MoeLayer, returns: BlockReturn, family: str, post_norm: nn.Module | None = None) -> None:
         super().__init__()
         self.layer = layer
         self.returns = returns
         self.family = family
+        self.post_norm = post_norm
+        """The block's own norm of its output, kept as transformers' module (A.X-K1's ``post_mlp_layernorm``)."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The layer's output, shaped like ``hidden_states``, with what the family's block returned beside it."""
@@ -80,8 +81,12 @@ class MoeCoreBlock(nn.Module):
             raise RuntimeError(f"{self.family} block swapped for moe-core: inference only, call model.eval() first")
         out, topk = self.layer.forward(hidden_states.reshape(-1, hidden_states.shape[-1]))
         out = out.view(hidden_states.shape)
+        if self.post_norm is not None:
+            out = self.post_norm(out)
         if self.returns is BlockReturn.WITH_TOPK_WEIGHTS:
             return out, topk.topk_weights.to(hidden_states.dtype)
+        if self.returns is BlockReturn.WITH_TOPK_WEIGHTS_OVER_K:
+            return out, (topk.topk_weights / self.layer.config.top_k).to(hidden_states.dtype)
         if self.returns is BlockReturn.WITH_ROUTER_LOGITS and topk.router_logits is not None:  # route() keeps them
             return out, topk.router_logits
         return out
@@ -119,6 +124,8 @@ class BlockParts:
     weights: DenseMoeWeights
     routed_scaling_factor: float = 1.0
     shared_expert: SharedExpert | None = None
+    post_norm: nn.Module | None = None
+    """A norm the block applies to its whole output (routed plus shared), kept as transformers' module."""
 
     def config(self) -> MoeRunnerConfig:
         """The layer's config, its sizes read from the weights."""
@@ -174,10 +181,61 @@ def _hidden_act(name: str) -> Activation:
     return activation
 
 
+def _checked_activation(block: nn.Module, config: object) -> Activation:
+    """The config's ``hidden_act``, checked against the experts' own ``act_fn`` on probe values where they hold one:
+    a sub-model (Qwen3-Omni's talker) may name its activation in a config other than the text config read here."""
+    activation = _hidden_act(_get(config, "hidden_act", str))
+    act_fn = getattr(getattr(block, "experts", None), "act_fn", None)
+    if isinstance(act_fn, nn.Module) and activation.gated:
+        probe = torch.linspace(-6.0, 6.0, 49)
+        with torch.no_grad():
+            got, want = act_fn(probe), activation.apply(torch.cat((probe, torch.ones_like(probe))))
+        if not torch.allclose(got, want, rtol=1e-6, atol=1e-7):
+            name = type(act_fn).__name__
+            raise ValueError(f"experts.act_fn: {name} does not compute the config's {activation.value}")
+    return activation
+
+
+def _linear(owner: object, path: str) -> torch.Tensor:
+    """The weight of the bias-free ``nn.Linear`` at ``path``; a ValueError where it has a bias."""
+    linear = _get(owner, path, nn.Linear)
+    if getattr(linear, "bias", None) is not None:  # typed as a Tensor, None where built with bias=False
+        raise ValueError(f"{type(owner).__name__}.{path}: a linear layer with a bias is not covered here")
+    return linear.weight.detach()
+
+
 def _mlp(owner: object, path: str, activation: ExpertActivation, gate: torch.Tensor | None = None) -> SharedExpert:
-    """A transformers dense MLP (``gate_proj``, ``up_proj``, ``down_proj``) as a shared expert."""
-    w13 = torch.cat((_tensor(owner, f"{path}.gate_proj.weight"), _tensor(owner, f"{path}.up_proj.weight")))
-    return SharedExpert(w13=w13, w2=_tensor(owner, f"{path}.down_proj.weight"), activation=activation, gate=gate)
+    """A transformers dense MLP (bias-free ``gate_proj``, ``up_proj``, ``down_proj``) as a shared expert."""
+    w13 = torch.cat((_linear(owner, f"{path}.gate_proj"), _linear(owner, f"{path}.up_proj")))
+    return SharedExpert(w13=w13, w2=_linear(owner, f"{path}.down_proj"), activation=activation, gate=gate)
+
+
+def _shared(block: nn.Module, path: str, activation: ExpertActivation) -> SharedExpert | None:
+    """The block's ungated shared expert at ``path``, or None where it has none."""
+    return _mlp(block, path, activation) if isinstance(getattr(block, path, None), nn.Module) else None
+
+
+def _biased_sigmoid(
+    *,
+    top_k: int,
+    activation: ExpertActivation,
+    weights: DenseMoeWeights,
+    router: Router,
+    renormalize: bool = True,
+    scale: float = 1.0,
+    shared: SharedExpert | None = None,
+) -> BlockParts:
+    """Sigmoid scores, the top-k of the scores plus a correction bias, each weight its uncorrected score
+    (renormalized, then scaled): DeepSeek-V3's grouped top-k with one group (every expert kept)."""
+    return BlockParts(
+        top_k=top_k,
+        activation=activation,
+        routing=GroupedTopK(n_group=1, topk_group=1, renormalize=renormalize),
+        router=router,
+        weights=weights,
+        routed_scaling_factor=scale,
+        shared_expert=shared,
+    )
 
 
 def _experts(block: nn.Module) -> DenseMoeWeights:
@@ -192,10 +250,11 @@ def _softmax_family(router: str = "gate", renormalize: bool | None = None) -> Ca
     renormalized softmax top-k, computed the same way."""
 
     def read(block: nn.Module, config: object) -> BlockParts:
-        activation = _hidden_act(_get(config, "hidden_act", str))
+        activation = _checked_activation(block, config)
         shared = None
-        if hasattr(block, "shared_expert"):
-            shared = _mlp(block, "shared_expert", activation, gate=_tensor(block, "shared_expert_gate.weight"))
+        if hasattr(block, "shared_expert"):  # gated by sigmoid(shared_expert_gate) where the block has one
+            gate = _tensor(block, "shared_expert_gate.weight") if hasattr(block, "shared_expert_gate") else None
+            shared = _mlp(block, "shared_expert", activation, gate=gate)
         norm = _get(block, f"{router}.norm_topk_prob", bool) if renormalize is None else renormalize
         return BlockParts(
             top_k=_get(block, f"{router}.top_k", int),
@@ -230,7 +289,9 @@ def _dbrx(block: nn.Module, config: object) -> BlockParts:
     )
 
 
-def _grouped(block: nn.Module, activation: ExpertActivation, weights: DenseMoeWeights, shared: SharedExpert) -> BlockParts:
+def _grouped(
+    block: nn.Module, activation: ExpertActivation, weights: DenseMoeWeights, shared: SharedExpert | None
+) -> BlockParts:
     """A DeepSeek-V3-style block: grouped top-k on sigmoid scores with a correction bias, a float32 router, a
     scaled output and an ungated shared expert."""
     return BlockParts(
@@ -252,9 +313,10 @@ def _grouped(block: nn.Module, activation: ExpertActivation, weights: DenseMoeWe
 
 
 def _deepseek(block: nn.Module, config: object) -> BlockParts:
-    """DeepSeek-V3, GLM4-MoE, GLM-4.5V's text model, dots.llm1."""
+    """DeepSeek-V3's block and its copies (GLM4-MoE, dots.llm1, Kimi Linear, Solar Open, ...); MiMo-V2-Flash's has
+    no shared expert."""
     activation = _hidden_act(_get(config, "hidden_act", str))
-    return _grouped(block, activation, _experts(block), _mlp(block, "shared_experts", activation))
+    return _grouped(block, activation, _experts(block), _shared(block, "shared_experts", activation))
 
 
 def _deepseek_v2(block: nn.Module, config: object) -> BlockParts:
@@ -334,6 +396,313 @@ def _llama4(block: nn.Module, config: object) -> BlockParts:
     )
 
 
+def _sigmoid_topk(block: nn.Module, config: object) -> BlockParts:
+    """Flint: sigmoid top-k of a float32 router, renormalized as ``norm_topk_prob`` says, an ungated shared expert."""
+    activation = _hidden_act(_get(config, "hidden_act", str))
+    return BlockParts(
+        top_k=_get(block, "gate.top_k", int),
+        activation=activation,
+        routing=SigmoidTopK(renormalize=_get(block, "gate.norm_topk_prob", bool)),
+        router=Router(weight=_tensor(block, "gate.weight").float()),
+        weights=_experts(block),
+        shared_expert=_shared(block, "shared_expert", activation),
+    )
+
+
+def _axk1(block: nn.Module, config: object) -> BlockParts:
+    """A.X-K1: DeepSeek-V3's block, its output through the block's own RMSNorm (``post_mlp_layernorm``), which the
+    swapped block keeps and applies as transformers' module."""
+    return attrs.evolve(_deepseek(block, config), post_norm=_get(block, "post_mlp_layernorm", nn.Module))
+
+
+def _axk2(block: nn.Module, config: object) -> BlockParts:
+    """A.X-K2: DeepSeek-V3's block; without expert groups (``n_group`` None) only: its grouped variant fills the
+    dropped groups' scores with 0, not -inf, so a negative corrected score ranks below them."""
+    if getattr(_get(block, "gate", nn.Module), "num_group", None) is not None:
+        raise ValueError("n_group: grouped routing that masks dropped groups with 0.0 is not covered (n_group=None is)")
+    activation = _hidden_act(_get(config, "hidden_act", str))
+    return _biased_sigmoid(
+        top_k=_get(block, "gate.top_k", int),
+        activation=activation,
+        weights=_experts(block),
+        router=Router(
+            weight=_tensor(block, "gate.weight").float(),
+            score_correction_bias=_tensor(block, "gate.e_score_correction_bias").float(),
+        ),
+        renormalize=_get(block, "gate.norm_topk_prob", bool),
+        scale=_float(block, "gate.routed_scaling_factor"),
+        shared=_shared(block, "shared_experts", activation),
+    )
+
+
+def _beam(block: nn.Module, config: object) -> BlockParts:
+    """Beam: DeepSeek-V3's grouped routing (the scaling factor on the block's output), no shared expert."""
+    return BlockParts(
+        top_k=_get(block, "gate.top_k", int),
+        activation=_hidden_act(_get(config, "hidden_act", str)),
+        routing=GroupedTopK(
+            n_group=_get(block, "gate.num_group", int),
+            topk_group=_get(block, "gate.topk_group", int),
+            renormalize=_get(block, "gate.norm_topk_prob", bool),
+        ),
+        router=Router(
+            weight=_tensor(block, "gate.weight").float(),
+            score_correction_bias=_tensor(block, "gate.e_score_correction_bias").float(),
+        ),
+        weights=_experts(block),
+        routed_scaling_factor=_float(block, "routed_scaling_factor"),
+    )
+
+
+def _afmoe(block: nn.Module, config: object) -> BlockParts:
+    """AFMoE: sigmoid scores chosen with the block's ``expert_bias``, renormalized, times ``route_scale``."""
+    activation = _hidden_act(_get(config, "hidden_act", str))
+    return _biased_sigmoid(
+        top_k=_get(block, "router.top_k", int),
+        activation=activation,
+        weights=_experts(block),
+        router=Router(
+            weight=_linear(block, "router.gate"), score_correction_bias=_tensor(block, "expert_bias").float()
+        ),
+        scale=_float(block, "router.route_scale"),
+        shared=_shared(block, "shared_experts", activation),
+    )
+
+
+def _hy_v3(block: nn.Module, config: object) -> BlockParts:
+    """Hunyuan V3: sigmoid of a float32 router chosen with the block's correction bias, renormalized, scaled."""
+    activation = _hidden_act(_get(config, "hidden_act", str))
+    return _biased_sigmoid(
+        top_k=_get(block, "gate.top_k", int),
+        activation=activation,
+        weights=_experts(block),
+        router=Router(
+            weight=_tensor(block, "gate.weight").float(),
+            score_correction_bias=_tensor(block, "e_score_correction_bias").float(),
+        ),
+        scale=_float(block, "gate.router_scaling_factor"),
+        shared=_shared(block, "shared_experts", activation),
+    )
+
+
+def _minimax_m2(block: nn.Module, config: object) -> BlockParts:
+    """MiniMax-M2: sigmoid scores chosen with the block's correction bias, renormalized, no shared expert."""
+    return _biased_sigmoid(
+        top_k=_get(block, "gate.top_k", int),
+        activation=_hidden_act(_get(config, "hidden_act", str)),
+        weights=_experts(block),
+        router=Router(
+            weight=_tensor(block, "gate.weight"),
+            score_correction_bias=_tensor(block, "e_score_correction_bias").float(),
+        ),
+    )
+
+
+def _minimax_m3_vl(block: nn.Module, config: object) -> BlockParts:
+    """MiniMax-M3-VL's text model: MiniMax-M2's routing, the output scaled, gpt-oss's clamped SwiGLU in the experts
+    and in the shared expert (whose ``gate_up_proj`` is one fused linear, gate rows first)."""
+    activation = ClampedSwiglu(alpha=_float(block, "experts.swiglu_alpha"), limit=_float(block, "experts.swiglu_limit"))
+    shared_activation = ClampedSwiglu(
+        alpha=_float(block, "shared_experts.swiglu_alpha"), limit=_float(block, "shared_experts.swiglu_limit")
+    )
+    shared = SharedExpert(
+        w13=_linear(block, "shared_experts.gate_up_proj"),
+        w2=_linear(block, "shared_experts.down_proj"),
+        activation=shared_activation,
+    )
+    return _biased_sigmoid(
+        top_k=_get(block, "gate.top_k", int),
+        activation=activation,
+        weights=_experts(block),
+        router=Router(
+            weight=_tensor(block, "gate.weight"),
+            score_correction_bias=_tensor(block, "gate.e_score_correction_bias").float(),
+        ),
+        scale=_float(block, "routed_scaling_factor"),
+        shared=shared,
+    )
+
+
+def _step3p7(block: nn.Module, config: object) -> BlockParts:
+    """Step 3.7: MiniMax-M2's routing, the output scaled, a shared expert; without SwiGLU limits only."""
+    for path in ("experts.limit", "shared_experts.limit"):
+        if _float(block, path) != float("inf"):
+            raise ValueError(f"{path}: a clamped SwiGLU (swiglu_limits) is not covered, got {_float(block, path)}")
+    activation = _hidden_act(_get(config, "hidden_act", str))
+    return _biased_sigmoid(
+        top_k=_get(block, "gate.top_k", int),
+        activation=activation,
+        weights=_experts(block),
+        router=Router(
+            weight=_tensor(block, "gate.weight"),
+            score_correction_bias=_tensor(block, "gate.e_score_correction_bias").float(),
+        ),
+        scale=_float(block, "routed_scaling_factor"),
+        shared=_mlp(block, "shared_experts", activation),
+    )
+
+
+def _laguna(block: nn.Module, config: object) -> BlockParts:
+    """Laguna: sigmoid scores chosen with a correction bias, renormalized, the output scaled, a shared expert;
+    without router logit soft-capping only."""
+    cap = _float(block, "gate.router_logit_softcapping")
+    if cap > 0:
+        raise ValueError(f"moe_router_logit_softcapping: soft-capped router logits are not covered, got {cap}")
+    activation = _hidden_act(_get(config, "hidden_act", str))
+    return _biased_sigmoid(
+        top_k=_get(block, "gate.top_k", int),
+        activation=activation,
+        weights=_experts(block),
+        router=Router(
+            weight=_tensor(block, "gate.weight"),
+            score_correction_bias=_tensor(block, "gate.e_score_correction_bias").float(),
+        ),
+        scale=_float(block, "routed_scaling_factor"),
+        shared=_mlp(block, "shared_experts", activation),
+    )
+
+
+def _lfm2_moe(block: nn.Module, config: object) -> BlockParts:
+    """LFM2-MoE: sigmoid top-k (chosen with ``expert_bias`` where the block has one), renormalized as
+    ``norm_topk_prob`` says, scaled; SiLU experts. Its renormalization adds 1e-6 to the sum, which moe-core's
+    does not (a relative difference of at most 1e-6 / the sum of the k weights)."""
+    top_k = _get(block, "gate.top_k", int)
+    renormalize = _get(block, "gate.norm_topk_prob", bool)
+    scale = _float(block, "gate.routed_scaling_factor")
+    weight = _tensor(block, "gate.weight")
+    if not _get(block, "use_expert_bias", bool):
+        return BlockParts(
+            top_k=top_k,
+            activation=Activation.SILU_GATED,
+            routing=SigmoidTopK(renormalize=renormalize),
+            router=Router(weight=weight),
+            weights=_experts(block),
+            routed_scaling_factor=scale,
+        )
+    router = Router(weight=weight, score_correction_bias=_tensor(block, "expert_bias").float())
+    return _biased_sigmoid(
+        top_k=top_k, activation=Activation.SILU_GATED, weights=_experts(block), router=router,
+        renormalize=renormalize, scale=scale,
+    )
+
+
+def _hunyuan_v1_moe(block: nn.Module, config: object) -> BlockParts:
+    """Hunyuan-A13B: renormalized softmax top-k of a float32 router (``gate.wg``), an ungated shared MLP."""
+    activation = _hidden_act(_get(config, "hidden_act", str))
+    return BlockParts(
+        top_k=_get(block, "gate.top_k", int),
+        activation=activation,
+        routing=RoutingMethod.TOPK_RENORMALIZE,
+        router=Router(weight=_linear(block, "gate.wg")),
+        weights=_experts(block),
+        shared_expert=_mlp(block, "shared_mlp", activation),
+    )
+
+
+def _aria(block: nn.Module, config: object) -> BlockParts:
+    """Aria's text model: top-k of the logits then softmax, transposed experts (``[E, H, 2I]``) with SiLU, a
+    shared expert with the config's activation."""
+    return BlockParts(
+        top_k=_get(block, "router.top_k", int),
+        activation=Activation.SILU_GATED,
+        routing=RoutingMethod.TOPK_RENORMALIZE,
+        router=Router(weight=_tensor(block, "router.weight")),
+        weights=DenseMoeWeights(
+            w13=_tensor(block, "experts.gate_up_proj").transpose(1, 2),
+            w2=_tensor(block, "experts.down_proj").transpose(1, 2),
+        ),
+        shared_expert=_mlp(block, "shared_experts", _hidden_act(_get(config, "hidden_act", str))),
+    )
+
+
+def _cohere2_moe(block: nn.Module, config: object) -> BlockParts:
+    """Cohere2-MoE: top-k of the logits, then softmax, or sigmoid (renormalized as ``norm_topk_prob`` says);
+    shared experts summed with the routed output, or averaged with it (both halved: the scaling factor and
+    the shared expert's ``w2``)."""
+    activation = _hidden_act(_get(config, "hidden_act", str))
+    selection = _get(block, "gate.expert_selection_fn", str)
+    if selection == "softmax":
+        routing: Routing = RoutingMethod.TOPK_RENORMALIZE
+    elif selection == "sigmoid":
+        routing = SigmoidTopK(renormalize=_get(block, "gate.norm_topk_prob", bool))
+    else:
+        raise ValueError(f"expert_selection_fn: expected 'softmax' or 'sigmoid', got {selection!r}")
+    shared, scale = None, 1.0
+    if _get(block, "num_shared_experts", int) > 0:
+        shared = _mlp(block, "shared_experts", activation)
+        strategy = _get(block, "shared_expert_combination_strategy", str)
+        if strategy == "average":
+            shared, scale = attrs.evolve(shared, w2=shared.w2 * 0.5), 0.5
+        elif strategy != "sum":
+            raise ValueError(f"shared_expert_combination_strategy: expected 'sum' or 'average', got {strategy!r}")
+    return BlockParts(
+        top_k=_get(block, "gate.top_k", int),
+        activation=activation,
+        routing=routing,
+        router=Router(weight=_tensor(block, "gate.weight")),
+        weights=_experts(block),
+        routed_scaling_factor=scale,
+        shared_expert=shared,
+    )
+
+
+def _mistral4(block: nn.Module, config: object) -> BlockParts:
+    """Mistral 4 / Mistral Large 4: softmax scores, grouped top-k where every group is kept (``topk_group ==
+    n_group``, the configs' default of one group), renormalized (Mistral 4: as ``norm_topk_prob`` says), scaled;
+    an ungated shared expert. Groups that drop experts are not covered (scored by softmax, not sigmoid)."""
+    groups, kept = _get(block, "gate.num_group", int), _get(block, "gate.topk_group", int)
+    if kept != groups:
+        raise ValueError(
+            f"topk_group: grouped softmax routing that drops groups is not covered, got {kept} of {groups}"
+        )
+    renormalize = getattr(_get(block, "gate", nn.Module), "norm_topk_prob", True)
+    activation = _hidden_act(_get(config, "hidden_act", str))
+    return BlockParts(
+        top_k=_get(block, "gate.top_k", int),
+        activation=activation,
+        routing=RoutingMethod.TOPK_RENORMALIZE if renormalize else RoutingMethod.SOFTMAX_TOPK,
+        router=Router(weight=_tensor(block, "gate.weight")),
+        weights=_experts(block),
+        routed_scaling_factor=_float(block, "gate.routed_scaling_factor"),
+        shared_expert=_mlp(block, "shared_experts", activation),
+    )
+
+
+def _openai_privacy_filter(block: nn.Module, config: object) -> BlockParts:
+    """OpenAI privacy filter: gpt-oss's biased router and clamped SwiGLU, gate and up halves not interleaved; its
+    softmax weights divided by k and the output multiplied by k, which is the renormalized top-k."""
+    biases = ExpertBiases(w13=_tensor(block, "experts.gate_up_proj_bias"), w2=_tensor(block, "experts.down_proj_bias"))
+    return BlockParts(
+        top_k=_get(block, "router.top_k", int),
+        activation=ClampedSwiglu(alpha=_float(block, "experts.alpha"), limit=_float(block, "experts.limit")),
+        routing=RoutingMethod.TOPK_RENORMALIZE,
+        router=Router(weight=_tensor(block, "router.weight"), bias=_tensor(block, "router.bias")),
+        weights=DenseMoeWeights(
+            w13=_tensor(block, "experts.gate_up_proj").transpose(1, 2),
+            w2=_tensor(block, "experts.down_proj").transpose(1, 2),
+            biases=biases,
+        ),
+    )
+
+
+def _jetmoe(block: nn.Module, config: object) -> BlockParts:
+    """JetMoE's MoE MLP: top-k of the logits then softmax; the block's output bias ``[H]`` added once per token,
+    which is each expert's ``w2`` bias (the k weights sum to 1)."""
+    w13, w2 = _tensor(block, "input_linear.weight"), _tensor(block, "output_linear.weight")
+    experts = int(w13.shape[0])
+    bias = _tensor(block, "bias")
+    biases = ExpertBiases(
+        w13=w13.new_zeros(experts, int(w13.shape[1])), w2=bias.unsqueeze(0).expand(experts, -1).contiguous()
+    )
+    return BlockParts(
+        top_k=_get(block, "router.top_k", int),
+        activation=_hidden_act(_get(config, "activation_function", str)),
+        routing=RoutingMethod.TOPK_RENORMALIZE,
+        router=Router(weight=_linear(block, "router.layer")),
+        weights=DenseMoeWeights(w13=w13, w2=w2, biases=biases),
+    )
+
+
 FAMILIES: dict[str, Family] = {
     "MixtralSparseMoeBlock": Family("mixtral", _softmax_family(renormalize=True)),
     "MiniMaxSparseMoeBlock": Family("minimax", _softmax_family(renormalize=True)),
@@ -359,6 +728,44 @@ FAMILIES: dict[str, Family] = {
     "GptOssMLP": Family("gpt_oss", _gpt_oss, BlockReturn.WITH_TOPK_WEIGHTS),
     "PhimoeSparseMoeBlock": Family("phimoe", _phimoe),
     "Llama4TextMoe": Family("llama4", _llama4, BlockReturn.WITH_ROUTER_LOGITS),
+    # Copies of a covered family's block under another name.
+    "Qwen4ExpTextSparseMoeBlock": Family("qwen4_exp", _softmax_family()),
+    "MellumSparseMoeBlock": Family("mellum", _softmax_family()),
+    "Qwen3OmniMoeThinkerTextSparseMoeBlock": Family("qwen3_omni_moe", _softmax_family()),
+    "Qwen3OmniMoeTalkerTextSparseMoeBlock": Family("qwen3_omni_moe_talker", _softmax_family()),
+    "LaraMiniSparseMoeBlock": Family("lara_mini", _softmax_family()),
+    "BailingHybridMoE": Family("bailing_hybrid", _deepseek),
+    "DeepseekV32MoE": Family("deepseek_v32", _deepseek),
+    "Dots3NoteTextMoE": Family("dots3_note", _deepseek),
+    "ExaoneMoeSparseMoEBlock": Family("exaone_moe", _deepseek),
+    "Glm4MoeLiteMoE": Family("glm4_moe_lite", _deepseek),
+    "GlmMoeDsaMoE": Family("glm_moe_dsa", _deepseek),
+    "KimiLinearMoE": Family("kimi_linear", _deepseek),
+    "MiMoV2FlashMoE": Family("mimo_v2_flash", _deepseek),
+    "SolarOpenMoE": Family("solar_open", _deepseek),
+    "DeepseekOcr2TextMoe": Family("deepseek_ocr2", _deepseek_v2),
+    "UnlimitedOcrTextMoe": Family("unlimited_ocr", _deepseek_v2),
+    # Routing and experts moe-core computes, read from their own block layouts.
+    "AXK1MoE": Family("axk1", _axk1),
+    "AXK2MoE": Family("axk2", _axk2),
+    "AfmoeSparseMoeBlock": Family("afmoe", _afmoe),
+    "AriaTextMoELayer": Family("aria", _aria),
+    "BeamMoE": Family("beam", _beam),
+    "Cohere2MoeSparseMoeBlock": Family("cohere2_moe", _cohere2_moe),
+    "FlintSparseMoeBlock": Family("flint", _sigmoid_topk),
+    "HunYuanMoEV1Moe": Family("hunyuan_v1_moe", _hunyuan_v1_moe),
+    "HYV3MoE": Family("hy_v3", _hy_v3),
+    "JetMoeMoE": Family("jetmoe", _jetmoe),
+    "LagunaSparseMoeBlock": Family("laguna", _laguna),
+    "Lfm2MoeSparseMoeBlock": Family("lfm2_moe", _lfm2_moe),
+    "MiniMaxM2SparseMoeBlock": Family("minimax_m2", _minimax_m2),
+    "MiniMaxM3VLSparseMoeBlock": Family("minimax_m3_vl", _minimax_m3_vl),
+    "Mistral4MoE": Family("mistral4", _mistral4),
+    "MistralLarge4TextMoE": Family("mistral_large4", _mistral4),
+    "OpenAIPrivacyFilterMLP": Family(
+        "openai_privacy_filter", _openai_privacy_filter, BlockReturn.WITH_TOPK_WEIGHTS_OVER_K
+    ),
+    "Step3p7SparseMoeBlock": Family("step3p7", _step3p7),
 }
 """transformers' sparse MoE block classes, by name, that :func:`swap_moe_blocks` replaces."""
 
@@ -403,7 +810,7 @@ def swap_moe_blocks(
             backend=backend,
             shared_expert=parts.shared_expert,
         )
-        replacement = MoeCoreBlock(layer, family.returns, family.name)
+        replacement = MoeCoreBlock(layer, family.returns, family.name, parts.post_norm)
         replacement.train(block.training)
         built.append((path, replacement))
     for path, replacement in built:
