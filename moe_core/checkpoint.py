@@ -29,6 +29,7 @@ from moe_core.config import (
     Activation,
     ClampedSwiglu,
     ExpertActivation,
+    HIDDEN_ACTS,
     GroupedTopK,
     MoeRunnerConfig,
     Routing,
@@ -63,6 +64,44 @@ def _float_field(config: Mapping[str, object], key: str, default: float) -> floa
     return float(value)
 
 
+def _bool_field(config: Mapping[str, object], key: str, default: bool) -> bool:
+    """A JSON boolean; a string such as ``"false"`` (which ``bool()`` reads as True) is refused by name."""
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"config.json: expected true or false at {key!r}, got {value!r}")
+    return value
+
+
+def _choice_field(config: Mapping[str, object], key: str, expected: str) -> None:
+    """Refuse a ``config.json`` value the loader does not compute (absent: the architecture's own ``expected``)."""
+    value = config.get(key, expected)
+    if value != expected:
+        raise UnsupportedCheckpoint(f"config.json: {key} {value!r} is not computed here (only {expected!r})")
+
+
+def _hidden_act(config: Mapping[str, object]) -> Activation:
+    """The experts' gated activation from ``hidden_act`` (default ``silu``); a name moe-core does not compute, or a
+    non-gated one (these experts load w1 and w3), is refused by name."""
+    name = config.get("hidden_act", "silu")
+    activation = HIDDEN_ACTS.get(name) if isinstance(name, str) else None
+    if activation is None or not activation.gated:
+        gated = sorted(key for key, value in HIDDEN_ACTS.items() if value.gated)
+        raise UnsupportedCheckpoint(f"config.json: hidden_act {name!r} is not a gated activation computed here ({', '.join(gated)})")
+    return activation
+
+
+def _softmax(renormalize: str | None) -> Callable[[Mapping[str, object]], LayerSemantics]:
+    """Softmax top-k routing (renormalized where the flag ``renormalize`` says, always where it is None), the
+    activation ``hidden_act`` names."""
+
+    def semantics(config: Mapping[str, object]) -> LayerSemantics:
+        renormalized = True if renormalize is None else _bool_field(config, renormalize, False)
+        routing = RoutingMethod.TOPK_RENORMALIZE if renormalized else RoutingMethod.SOFTMAX_TOPK
+        return LayerSemantics(routing=routing, activation=_hidden_act(config))
+
+    return semantics
+
+
 def _gpt_oss(config: Mapping[str, object]) -> LayerSemantics:
     """gpt-oss: softmax over the top-k logits, clamped SwiGLU, biases after both expert GEMMs."""
     activation = ClampedSwiglu(alpha=_float_field(config, "swiglu_alpha", 1.702), limit=_float_field(config, "swiglu_limit", 7.0))
@@ -70,13 +109,20 @@ def _gpt_oss(config: Mapping[str, object]) -> LayerSemantics:
 
 
 def _deepseek_v3(config: Mapping[str, object]) -> LayerSemantics:
-    """DeepSeek-V3: sigmoid scores, grouped top-k with the router's correction bias, a routed scaling factor."""
+    """DeepSeek-V3: sigmoid scores, grouped top-k with the router's correction bias (``noaux_tc``), a routed scaling
+    factor; another scoring function or top-k method (DeepSeek-V2's) is refused by name."""
+    _choice_field(config, "scoring_func", "sigmoid")
+    _choice_field(config, "topk_method", "noaux_tc")
     routing = GroupedTopK(
         n_group=_int_field(config, "n_group", "config.json"),
         topk_group=_int_field(config, "topk_group", "config.json"),
-        renormalize=bool(config.get("norm_topk_prob", True)),
+        renormalize=_bool_field(config, "norm_topk_prob", True),
     )
-    return LayerSemantics(routing=routing, routed_scaling_factor=_float_field(config, "routed_scaling_factor", 1.0))
+    return LayerSemantics(
+        routing=routing,
+        activation=_hidden_act(config),
+        routed_scaling_factor=_float_field(config, "routed_scaling_factor", 1.0),
+    )
 
 
 @final
@@ -91,25 +137,25 @@ class ArchitectureNames:
     """Key of one expert's intermediate size."""
     block: str
     """The MoE block's module name inside a decoder layer (``mlp``, ``block_sparse_moe``)."""
-    renormalize: str | None
-    """Key of the flag that renormalizes the top-k weights (None: always renormalized)."""
     router: str = attrs.field(default="gate", kw_only=True)
     """The router's module name inside the block (``gate``; gpt-oss: ``router``)."""
     fused_experts: GateUpLayout | None = attrs.field(default=None, kw_only=True)
     """None: one tensor per expert and projection (``experts.{e}.{proj}.{name}``); a layout: stacks over the experts,
     ``experts.{gate_up_proj|down_proj}_{name}`` ``[E, ...]``, whose fused gate/up rows are in that layout (gpt-oss)."""
-    semantics: Callable[[Mapping[str, object]], LayerSemantics] | None = attrs.field(default=None, kw_only=True)
-    """The layer's routing, activation, scaling and biases from ``config.json`` (None: softmax top-k, SiLU)."""
+    semantics: Callable[[Mapping[str, object]], LayerSemantics] = attrs.field(kw_only=True)
+    """The layer's routing, activation, scaling and biases from ``config.json``."""
 
 
 ARCHITECTURES: Mapping[str, ArchitectureNames] = {
-    "qwen3_moe": ArchitectureNames(("num_experts", "num_local_experts"), "moe_intermediate_size", "mlp", "norm_topk_prob"),
-    "mixtral": ArchitectureNames(("num_local_experts",), "intermediate_size", "block_sparse_moe", None),
+    "qwen3_moe": ArchitectureNames(
+        ("num_experts", "num_local_experts"), "moe_intermediate_size", "mlp", semantics=_softmax("norm_topk_prob")
+    ),
+    "mixtral": ArchitectureNames(("num_local_experts",), "intermediate_size", "block_sparse_moe", semantics=_softmax(None)),
     "gpt_oss": ArchitectureNames(
-        ("num_local_experts",), "intermediate_size", "mlp", None,
+        ("num_local_experts",), "intermediate_size", "mlp",
         router="router", fused_experts=GateUpLayout.INTERLEAVED, semantics=_gpt_oss,
     ),
-    "deepseek_v3": ArchitectureNames(("n_routed_experts",), "moe_intermediate_size", "mlp", None, semantics=_deepseek_v3),
+    "deepseek_v3": ArchitectureNames(("n_routed_experts",), "moe_intermediate_size", "mlp", semantics=_deepseek_v3),
 }
 """The architectures (``config.json``'s ``model_type``) whose MoE layers the loader knows."""
 
@@ -236,9 +282,7 @@ class MoeCheckpoint:
         """H."""
         self.intermediate_size = _int_field(config, names.intermediate_size, where)
         """One expert's intermediate size I."""
-        renormalize = True if names.renormalize is None else bool(config.get(names.renormalize, False))
-        softmax = LayerSemantics(routing=RoutingMethod.TOPK_RENORMALIZE if renormalize else RoutingMethod.SOFTMAX_TOPK)
-        self.semantics = softmax if names.semantics is None else names.semantics(config)
+        self.semantics = names.semantics(config)
         """The layer's routing, activation, routed scaling and expert biases, as ``config.json`` says."""
         self.routing_method = self.semantics.routing
         """How the architecture's router picks and weights experts."""

@@ -52,6 +52,17 @@ class Activation(enum.Enum):
         return F.gelu(gate, approximate="tanh") * up
 
 
+HIDDEN_ACTS: dict[str, Activation] = {
+    "silu": Activation.SILU_GATED,
+    "swish": Activation.SILU_GATED,
+    "gelu": Activation.GELU_GATED,
+    "gelu_pytorch_tanh": Activation.GELU_TANH_GATED,
+    "relu2": Activation.RELU2,
+}
+"""transformers' ``hidden_act`` names -> the activation that computes the same (its ``ACT2FN``); a name missing here
+(``gelu_new``, ``quick_gelu``, ...) is refused by name, never run as another."""
+
+
 def _positive_finite(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{type(instance).__name__}.{attribute.name}: expected a float, got {type(value).__name__}")
@@ -76,7 +87,7 @@ def _positive_int(instance: object, attribute: attrs.Attribute[int], value: int)
 
 
 @final
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ClampedSwiglu:
     """gpt-oss's SwiGLU: ``(up + 1) * gate * sigmoid(alpha * gate)``, gate clamped from above at ``limit``, up to
     ``[-limit, limit]``.
@@ -135,7 +146,7 @@ class RoutingMethod(enum.Enum):
 
 
 @final
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class SigmoidTopK:
     """Sigmoid of each logit, the top-k of those scores, divided by their sum when ``renormalize``."""
 
@@ -153,7 +164,7 @@ class SigmoidTopK:
 
 
 @final
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class GroupedTopK:
     """DeepSeek-V3's grouped top-k (also GLM4-MoE): sigmoid scores, experts picked within the best groups.
 
@@ -207,7 +218,7 @@ class Llama4Sigmoid:
 
 
 @final
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class SparseMixer:
     """PhiMoE's sparsemixer at inference: two experts, each from a softmax over the logits near the best one.
 

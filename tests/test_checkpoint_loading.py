@@ -12,6 +12,8 @@ from safetensors.torch import save_file
 
 from moe_core import (
     NVFP4,
+    Activation,
+    RoutingMethod,
     BackendSelectionError,
     DeviceSpec,
     LayerSpec,
@@ -33,6 +35,7 @@ from moe_core.schemes.compressed_tensors_w4a4_nvfp4 import CompressedTensorsW4A4
 from tests.checkpoint_oracles import (
     CT_NVFP4,
     CT_SPLIT,
+    FIXTURES,
     MODELOPT,
     copy_checkpoint,
     edit_config,
@@ -298,3 +301,46 @@ def test_mixtral_w1_w3_w2_naming_in_one_file_loads_the_same_layer(tmp_path: Path
     x = torch.randn(9, original.hidden_size, generator=gen).to(torch.bfloat16)
     dispatch = StandardDispatchOutput(x, select_experts(x.float() @ original.router_weight(1).float().T, first.config))
     assert torch.equal(first.apply(dispatch), second.apply(dispatch))
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "match"),
+    [
+        ({"norm_topk_prob": "false"}, ValueError, r"expected true or false at 'norm_topk_prob', got 'false'"),
+        ({"norm_topk_prob": 0}, ValueError, r"expected true or false at 'norm_topk_prob', got 0"),
+        ({"hidden_act": "gelu_new"}, UnsupportedCheckpoint, r"hidden_act 'gelu_new' is not a gated activation computed here"),
+        ({"hidden_act": "relu2"}, UnsupportedCheckpoint, r"hidden_act 'relu2' is not a gated activation"),
+    ],
+)
+def test_config_values_that_would_be_misread_are_refused_by_name(
+    checkpoint_copy: Path, changes: dict[str, object], error: type[Exception], match: str
+) -> None:
+    """A string where a JSON boolean belongs (``bool("false")`` is True) and an activation the experts would not
+    compute fail when the checkpoint is opened, not as a differently routed or activated layer."""
+    edit_config(checkpoint_copy, **changes)
+    with pytest.raises(error, match=match):
+        MoeCheckpoint(checkpoint_copy)
+
+
+def test_config_hidden_act_reaches_the_layer(checkpoint_copy: Path) -> None:
+    edit_config(checkpoint_copy, hidden_act="gelu", norm_topk_prob=False)
+    config = MoeCheckpoint(checkpoint_copy).runner_config()
+    assert config.activation is Activation.GELU_GATED
+    assert config.routing_method is RoutingMethod.SOFTMAX_TOPK
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"scoring_func": "softmax"}, r"scoring_func 'softmax' is not computed here \(only 'sigmoid'\)"),
+        ({"topk_method": "group_limited_greedy"}, r"topk_method 'group_limited_greedy' is not computed here"),
+        ({"norm_topk_prob": "False"}, r"expected true or false at 'norm_topk_prob'"),
+    ],
+)
+def test_deepseek_routing_the_loader_does_not_compute_is_refused(
+    tmp_path: Path, changes: dict[str, object], match: str
+) -> None:
+    directory = copy_checkpoint(FIXTURES / "deepseek_v3_fp8", tmp_path / "deepseek")
+    edit_config(directory, **changes)
+    with pytest.raises((UnsupportedCheckpoint, ValueError), match=match):
+        MoeCheckpoint(directory)
