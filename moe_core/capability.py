@@ -117,11 +117,22 @@ class Priority:
 
 
 _DESCRIBED = re.compile(r"^sm(?P<major>\d+)(?P<minor>\d)$")
+ARCHITECTURES: frozenset[tuple[int, int]] = frozenset(
+    {(7, 0), (7, 5), (8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (10, 1), (10, 3), (11, 0), (12, 0), (12, 1)}
+)
+"""The CUDA compute capabilities a described device may name (``sm90``, ``sm100``, ...): a typo such as ``sm900``
+is refused instead of describing a GPU that does not exist."""
+KNOWN_PACKAGES: frozenset[str] = frozenset({"flashinfer", "triton"})
+"""Optional packages moe-core's backends ask about; a described device may also name any package installed here
+(a plugin's), and nothing else (``+flashinfr`` is refused, not read as a device without FlashInfer)."""
 _PACKAGE_TERM = re.compile(r"([+-])([A-Za-z_][\w.-]*)")
 
 
 def _installed(package: str) -> bool:
-    return importlib.util.find_spec(package) is not None
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a dotted name whose parent is missing, or an empty one
+        return False
 
 
 def interpreter_requested() -> bool:
@@ -212,28 +223,42 @@ class DeviceSpec:
         terms = text[len(base):]
         if _PACKAGE_TERM.sub("", terms):
             raise ValueError(f"device {text!r}: expected packages as +name or -name after {base!r}, got {terms!r}")
-        with_packages = frozenset(name for sign, name in _PACKAGE_TERM.findall(terms) if sign == "+")
-        without_packages = frozenset(name for sign, name in _PACKAGE_TERM.findall(terms) if sign == "-")
-        described = _DESCRIBED.match(base)
-        if described is not None:
-            capability = (int(described["major"]), int(described["minor"]))
-            return cls(
-                "cuda",
-                capability,
-                name=f"described as {text}",
-                with_packages=(CUDA_BRINGS - without_packages) | with_packages,
-                without_packages=without_packages,
-                triton_interpreter=interpreter_requested(),
-            )
-        try:
-            device = torch.device(base)
-        except RuntimeError as error:
-            raise ValueError(
-                f"device {text!r}: expected a torch device (cpu, cuda, cuda:0) or a described GPU (sm80, sm90, sm100, "
-                f"sm120), optionally with +package/-package ({error})"
-            ) from None
-        live = cls.of(device)
-        return attrs.evolve(live, with_packages=with_packages, without_packages=without_packages)
+        described = _DESCRIBED.match(base.lower())
+        device: torch.device | None = None
+        if described is None:
+            try:
+                device = torch.device(base)
+            except RuntimeError as error:
+                raise ValueError(
+                    f"device {text!r}: expected a torch device (cpu, cuda, cuda:0) or a described GPU (sm80, sm90, "
+                    f"sm100, sm120), optionally with +package/-package ({error})"
+                ) from None
+        named = [(sign, name.lower()) for sign, name in _PACKAGE_TERM.findall(terms)]
+        for _, name in named:
+            if name not in KNOWN_PACKAGES and not _installed(name):
+                raise ValueError(
+                    f"device {text!r}: unknown package {name!r} (expected one of {', '.join(sorted(KNOWN_PACKAGES))}, "
+                    "or a package installed here)"
+                )
+        with_packages = frozenset(name for sign, name in named if sign == "+")
+        without_packages = frozenset(name for sign, name in named if sign == "-")
+        if with_packages & without_packages:
+            raise ValueError(f"device {text!r}: {', '.join(sorted(with_packages & without_packages))} both with and without")
+        if device is not None:
+            return attrs.evolve(cls.of(device), with_packages=with_packages, without_packages=without_packages)
+        assert described is not None  # one of the two, or raised above
+        capability = (int(described["major"]), int(described["minor"]))
+        if capability not in ARCHITECTURES:
+            known = ", ".join(f"sm{major}{minor}" for major, minor in sorted(ARCHITECTURES))
+            raise ValueError(f"device {text!r}: no CUDA GPU is {base} (described GPUs: {known})")
+        return cls(
+            "cuda",
+            capability,
+            name=f"described as {text}",
+            with_packages=(CUDA_BRINGS - without_packages) | with_packages,
+            without_packages=without_packages,
+            triton_interpreter=interpreter_requested(),
+        )
 
 
 @final

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -255,7 +256,20 @@ def test_device_spec_parses_described_devices(text: str, kind: str, capability: 
 def test_device_spec_packages_and_refusals() -> None:
     assert DeviceSpec.parse("sm90").has("triton"), "a CUDA build of torch brings Triton"
     assert not DeviceSpec.parse("sm90-triton").has("triton")
-    assert DeviceSpec.parse("sm90+no_such_package").has("no_such_package")
+    assert DeviceSpec.parse("sm90+attrs").has("attrs"), "a package installed here (a plugin's) may be named"
+    assert DeviceSpec.parse("SM100+FlashInfer").has("flashinfer"), "names and architectures in any case"
+    for typo, match in [
+        ("sm100+flashinfr", "unknown package 'flashinfr' (expected one of flashinfer, triton, or a package installed"),
+        ("sm100+flashinfer-flashinfer", "unknown package 'flashinfer-flashinfer'"),
+        ("sm90+no_such.package", "unknown package 'no_such.package'"),
+        ("sm900", "no CUDA GPU is sm900 (described GPUs: sm70, "),
+        ("sm91", "no CUDA GPU is sm91"),
+        ("sm100+flashinfer-flashinfer", "unknown package"),
+        ("sm90+triton-triton", "unknown package 'triton-triton'"),
+        ("sm90-flashinfer+flashinfer", "flashinfer both with and without"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f"device {typo!r}: {match}")):
+            DeviceSpec.parse(typo)
     assert not DeviceSpec.parse("sm90-flashinfer").has("flashinfer")
     with pytest.raises(ValueError, match="device 'sm9x': expected a torch device"):
         DeviceSpec.parse("sm9x")
