@@ -347,6 +347,22 @@ class MoeCheckpoint:
             expert_biases=self.semantics.expert_biases,
         )
 
+    def _require_agreement(self, config: MoeRunnerConfig) -> None:
+        """Refuse a config that computes another layer than this checkpoint's: only the rank's experts may differ."""
+        own = self.runner_config(
+            num_local_experts=config.num_local_experts, local_expert_offset=config.local_expert_offset
+        )
+        differ = [
+            f"{field.name} {getattr(config, field.name)!r} (the checkpoint's: {getattr(own, field.name)!r})"
+            for field in attrs.fields(MoeRunnerConfig)
+            if getattr(config, field.name) != getattr(own, field.name)
+        ]
+        if differ:
+            raise ValueError(
+                f"config: {self.directory / 'config.json'} describes another layer: {'; '.join(differ)}; only "
+                "num_local_experts and local_expert_offset (this rank's experts) are the caller's"
+            )
+
     def _require_layer(self, layer: int) -> None:
         layers = self.moe_layers()
         if layer not in layers:
@@ -444,8 +460,12 @@ class MoeCheckpoint:
     def load_into(self, layer: int, scheme: S, *, keep_canonical: bool = False) -> S:
         """Hand ``layer``'s expert tensors to ``scheme``'s loader one at a time, then process them; returns ``scheme``.
 
-        A tensor the scheme refuses is reported by its name in the checkpoint.
+        A tensor the scheme refuses is reported by its name in the checkpoint;
+        a scheme whose config says other than the checkpoint does (sizes,
+        routing, activation, scaling, biases: anything but this rank's experts)
+        is refused before any tensor is read.
         """
+        self._require_agreement(scheme.config)
         for key, expert, shard, name, tensor in self._expert_tensors(layer):
             try:
                 scheme.load_expert_weight(name, tensor, expert_id=expert, shard=shard)

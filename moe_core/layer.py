@@ -49,16 +49,21 @@ class SharedExpert:
         rows = 2 * inter if self.activation.gated else inter
         require_shape("SharedExpert.w13", self.w13, (rows, hidden), f"[{rows} rows for {self.activation.value}, H]")
         tensors = [("w13", self.w13), ("w2", self.w2)]
-        for name, tensor in tensors:
-            require_dtype(f"SharedExpert.{name}", tensor, FLOAT_DTYPES)
         if self.gate is not None:
             require_tensor("SharedExpert.gate", self.gate)
             require_shape("SharedExpert.gate", self.gate, (1, hidden), "[1, hidden_size]")
             tensors.append(("gate", self.gate))
+        for name, tensor in tensors:
+            require_dtype(f"SharedExpert.{name}", tensor, (self.w13.dtype,) if name != "w13" else FLOAT_DTYPES)
         require_same_device(tensors)
 
     def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """``[T, H]`` output of ``hidden_states [T, H]``."""
+        """``[T, H]`` output of ``hidden_states [T, H]`` (of the weights' dtype)."""
+        if hidden_states.dtype != self.w13.dtype:
+            raise TypeError(
+                f"SharedExpert: hidden_states are {hidden_states.dtype}, its weights {self.w13.dtype}: build it in the "
+                "hidden states' dtype (the models' own dense MLPs compute in it)"
+            )
         out = F.linear(self.activation.apply(F.linear(hidden_states, self.w13)), self.w2)
         if self.gate is None:
             return out

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from moe_core.backends._flashinfer import swiglu_only
-from moe_core.backends.triton import dense_supports
+from moe_core.backends.triton import dense_supports, fp8_supports
 from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.capability_listing import capability_table
 from moe_core.config import Activation, ClampedSwiglu, Llama4Sigmoid, MoeRunnerConfig, RoutingMethod
 from moe_core.dispatch import StandardDispatchOutput
+from moe_core.formats import FP8
 from moe_core.formats.dense import DENSE, DenseMoeWeights, DenseRecipe, ExpertBiases, GateUpLayout
 from moe_core.formats.reference import ReferenceRunner
 from moe_core.layer import SharedExpert, dense_layer
@@ -134,6 +135,15 @@ def test_shared_expert_is_added_once_and_gated(gen: torch.Generator) -> None:
     assert with_shared.backend.startswith("backend reference-dense")
 
 
+def test_shared_expert_names_a_dtype_mismatch(gen: torch.Generator) -> None:
+    """Weights of another dtype than the hidden states are named, not left to a matmul's error deep inside."""
+    shared = SharedExpert(w13=torch.randn(2 * 5, H, generator=gen), w2=torch.randn(H, 5, generator=gen))
+    with pytest.raises(TypeError, match=r"SharedExpert: hidden_states are torch.bfloat16, its weights torch.float32"):
+        shared(torch.randn(3, H, generator=gen).to(torch.bfloat16))
+    with pytest.raises(TypeError, match=r"SharedExpert.w2: expected dtype"):
+        SharedExpert(w13=shared.w13, w2=shared.w2.to(torch.bfloat16))
+
+
 def test_dense_layer_refuses_biases_the_config_does_not_declare(gen: torch.Generator) -> None:
     biases = ExpertBiases(w13=torch.zeros(E, 2 * I), w2=torch.zeros(E, H))
     weights = DenseMoeWeights(w13=torch.zeros(E, 2 * I, H), w2=torch.zeros(E, H, I), biases=biases)
@@ -153,7 +163,13 @@ REFUSED = [
 @pytest.mark.parametrize(("config", "reason"), REFUSED, ids=[r for _, r in REFUSED])
 def test_kernels_refuse_what_they_do_not_compute(config: MoeRunnerConfig, reason: str) -> None:
     layer = LayerSpec(config, DENSE)
-    assert any(reason in r for r in dense_supports(DeviceSpec.parse("sm90"), layer).reasons)
+    triton = dense_supports(DeviceSpec.parse("sm90"), layer)
+    if reason == "not its input":
+        assert any(reason in r for r in triton.reasons)
+    else:  # Triton's dense epilogue computes them; its FP8 weights are gated and hold no biases
+        assert triton.ok, triton.reasons
+        fp8 = fp8_supports(DeviceSpec.parse("sm90"), LayerSpec(config, FP8)).reasons
+        assert any(reason in r for r in fp8) == (reason != "clamped_swiglu"), fp8
     assert any(reason in r for r in swiglu_only(layer))
     plain = LayerSpec(MoeRunnerConfig(64, 1024, 1024, 2, routing_method=RoutingMethod.SOFTMAX_TOPK), DENSE)
     assert dense_supports(DeviceSpec.parse("sm90"), plain).ok and not swiglu_only(plain)
@@ -161,7 +177,8 @@ def test_kernels_refuse_what_they_do_not_compute(config: MoeRunnerConfig, reason
 
 def test_capability_table_lists_each_backends_values() -> None:
     rows = {row.backend: row for row in capability_table(DeviceSpec.parse("sm90"))}
-    assert rows["triton-dense"].supported_activations() == ("silu", "gelu", "gelu_tanh")
+    assert rows["triton-dense"].supported_activations() == ("silu", "gelu", "gelu_tanh", "relu2", "clamped_swiglu")
+    assert rows["triton-fp8"].supported_activations() == ("silu", "gelu", "gelu_tanh", "clamped_swiglu")
     assert "llama4_sigmoid" not in rows["triton-dense"].supported_routings()
     assert "grouped_topk" in rows["triton-dense"].supported_routings()
     assert rows["flashinfer-cutlass-bf16"].supported_activations() == ("silu",)

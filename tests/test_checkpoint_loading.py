@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -22,6 +23,7 @@ from moe_core import (
     Tier,
     ExpertScalePolicy,
     GateUpScalePolicy,
+    MoeRunnerConfig,
     StandardDispatchOutput,
     create_runner,
     register_backend,
@@ -344,3 +346,25 @@ def test_deepseek_routing_the_loader_does_not_compute_is_refused(
     edit_config(directory, **changes)
     with pytest.raises((UnsupportedCheckpoint, ValueError), match=match):
         MoeCheckpoint(directory)
+
+
+_BASE = MoeCheckpoint(CT_NVFP4).runner_config()
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        (attrs.evolve(_BASE, activation=Activation.GELU_GATED), "activation <Activation.GELU_GATED: 'gelu'> (the checkpoint's"),
+        (attrs.evolve(_BASE, routed_scaling_factor=2.0), "routed_scaling_factor 2.0 (the checkpoint's: 1.0)"),
+        (attrs.evolve(_BASE, routing_method=RoutingMethod.SOFTMAX_TOPK), "routing_method"),
+    ],
+    ids=["activation", "scaling", "routing"],
+)
+def test_a_config_that_describes_another_layer_is_refused(config: MoeRunnerConfig, named: str) -> None:
+    """Only this rank's experts are the caller's to say; a config that computes another layer than the checkpoint's
+    is named before a tensor is read (it ran with the caller's activation or scaling before)."""
+    checkpoint = MoeCheckpoint(CT_NVFP4)
+    with pytest.raises(ValueError, match=re.escape(named)):
+        checkpoint.load_layer(0, config=config)
+    ranked = checkpoint.runner_config(num_local_experts=4, local_expert_offset=4)
+    assert checkpoint.load_layer(0, config=ranked).config == ranked
