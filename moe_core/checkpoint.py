@@ -348,9 +348,12 @@ class MoeCheckpoint:
         )
 
     def _require_agreement(self, config: MoeRunnerConfig) -> None:
-        """Refuse a config that computes another layer than this checkpoint's: only the rank's experts may differ."""
-        own = self.runner_config(
-            num_local_experts=config.num_local_experts, local_expert_offset=config.local_expert_offset
+        """Refuse a config that computes another layer than this checkpoint's. The caller's own: this rank's experts,
+        and ``top_k`` (the runner's slots per row: 1 over a dispatcher's slot rows; a dispatch of another width is
+        refused when it runs)."""
+        own = attrs.evolve(
+            self.runner_config(num_local_experts=config.num_local_experts, local_expert_offset=config.local_expert_offset),
+            top_k=config.top_k,
         )
         differ = [
             f"{field.name} {getattr(config, field.name)!r} (the checkpoint's: {getattr(own, field.name)!r})"
@@ -360,7 +363,7 @@ class MoeCheckpoint:
         if differ:
             raise ValueError(
                 f"config: {self.directory / 'config.json'} describes another layer: {'; '.join(differ)}; only "
-                "num_local_experts and local_expert_offset (this rank's experts) are the caller's"
+                "num_local_experts, local_expert_offset (this rank's experts) and top_k (rows per token) are the caller's"
             )
 
     def _require_layer(self, layer: int) -> None:
