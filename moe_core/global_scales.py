@@ -127,6 +127,11 @@ def _float_tensor(name: str, value: float | torch.Tensor) -> torch.Tensor:
 
 
 def _scalar_amax(amax: float | torch.Tensor) -> torch.Tensor:
+    if isinstance(amax, torch.Tensor) and amax.numel() == 1 and amax.untyped_storage().nbytes() > amax.element_size():
+        raise ValueError(
+            "amax: got a one-element view into a larger tensor (like per_expert_amax[:1] or [0], one expert's amax "
+            "for all); the layer's amax is the largest of every expert's (per_expert_amax.max())"
+        )
     tensor = _float_tensor("amax", amax)
     if tensor.dim() > 1 or tensor.numel() != 1:
         raise ValueError(
