@@ -336,7 +336,9 @@ def test_info_lists_schemes_and_the_backend_each_would_choose(capsys: pytest.Cap
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     capabilities = {cells[0]: cells[1:] for cells in table_lines(out)}
-    assert capabilities["triton-dense"][0] == "silu, gelu, gelu_tanh", "the activations Triton's fused epilogue computes"
+    assert capabilities["triton-dense"][0] == "silu, gelu, gelu_tanh, relu2, clamped_swiglu", (
+        "the activations Triton's fused epilogue computes"
+    )
     assert "llama4_sigmoid" in capabilities["reference-dense"][1]
     rows = table_rows(out, 1)
     assert rows["compressed-tensors-w4a4-nvfp4 nvfp4"][2:] == ["reference-nvfp4"]

@@ -28,17 +28,27 @@ round to the neighbouring E4M3 value (1/16 apart): fp16 3e-2, bf16 5e-2
 per-group products in another order than the reference, so with float32
 activations intermediate codes flip a little more often (3.4e-4 seen on the
 CPU, 3.3-3.5e-3 on the H200; bound 5e-3).
+
+gpt-oss's clamped SwiGLU, ReLU^2 and per-expert biases are checked the same
+way, against the float32 reference on the kernels' own weights (and biases),
+with the same tolerances: they change the epilogue's float32 arithmetic, not
+what is rounded to the activations' dtype. Their layers' pre-activations are
+spread wider than the clamp limit, so the clamp is hit from both sides (each
+test checks that it is, and that the clamp and the biases move the output
+well past the tolerance).
 """
 
 from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 import torch
 
 from moe_core import (
     Activation,
+    ClampedSwiglu,
     DenseMoeWeights,
     Fp8ChannelExpertWeights,
     Fp8ChannelMoeWeights,
@@ -51,8 +61,13 @@ from moe_core import (
     create_runner,
     select_experts,
 )
+from moe_core.capability import DeviceSpec, LayerSpec
+from moe_core.config import ExpertActivation
+from moe_core.formats import DENSE, FP8, FP8_BLOCK_SCALED, FP8_CHANNEL, MXFP4, NVFP4_W4A16, Mxfp4MoeWeights
+from moe_core.formats.dense import ExpertBiases
 from moe_core.backends.reference import (
     REFERENCE_DENSE,
+    REFERENCE_MXFP4,
     REFERENCE_FP8,
     REFERENCE_FP8_BLOCK,
     REFERENCE_FP8_CHANNEL,
@@ -72,6 +87,8 @@ from moe_core.backends.triton.runner import dequantize_nvfp4
 from moe_core.backends.triton.sorting import sort_tokens
 from moe_core.check import relative_error
 from moe_core.float64_moe import float64_moe
+from moe_core.mxfp4 import Mxfp4ExpertWeights
+from moe_core.registry import choose
 from moe_core.fp8 import MIN_DYNAMIC_SCALE, dynamic_fp8_scales, fake_quantize_fp8, group_fp8_scales, quantize_fp8
 from moe_core.nvfp4 import Nvfp4ExpertWeights, decode_e2m1, unpack_e2m1
 from moe_core.synthetic import quantize_fp8_block_layer, quantize_fp8_channel_layer, quantize_fp8_layer, quantize_nvfp4_layer
@@ -110,21 +127,32 @@ def shape_id(shape: tuple[int, ...]) -> str:
 
 
 def make_layer(
-    gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, activation: Activation = Activation.SILU_GATED
+    gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype,
+    activation: ExpertActivation = Activation.SILU_GATED, *, gain: float = 1.0, biases: bool = False,
 ) -> tuple[MoeRunnerConfig, DenseMoeWeights, StandardDispatchOutput]:
+    """A random layer: w13's rows scaled by ``gain`` (the up half twice more), ``I`` rows of it for a non-gated
+    activation; with ``biases``, nonzero ones on both GEMMs (and the config says so)."""
     tokens, experts, top_k, hidden, inter, local, offset = shape
     config = MoeRunnerConfig(
         num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k,
         num_local_experts=local, local_expert_offset=offset, activation=activation, routed_scaling_factor=1.5,
+        expert_biases=biases,
     )
     weight_dtype = torch.float32 if dtype == torch.float32 else dtype
-    w13 = (torch.randn(local, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)).to(weight_dtype)
+    w13 = torch.randn(local, 2 * inter, hidden, generator=gen) * (gain / math.sqrt(hidden))
     w13[:, inter:] *= 2.0
+    if not activation.gated:
+        w13 = w13[:, :inter].contiguous()
     w2 = (torch.randn(local, hidden, inter, generator=gen) / math.sqrt(inter)).to(weight_dtype)
     x = torch.randn(tokens, hidden, generator=gen).to(dtype)
     logits = torch.randn(tokens, experts, generator=gen)
     dispatch = StandardDispatchOutput(x.to(DEVICE), select_experts(logits.to(DEVICE), config))
-    return config, DenseMoeWeights(w13=w13.to(DEVICE), w2=w2.to(DEVICE)), dispatch
+    expert_biases = None
+    if biases:
+        w13_bias = (torch.randn(local, w13.shape[1], generator=gen) * 0.5).to(weight_dtype)
+        w2_bias = (torch.randn(local, hidden, generator=gen) * 0.5).to(weight_dtype)
+        expert_biases = ExpertBiases(w13=w13_bias.to(DEVICE), w2=w2_bias.to(DEVICE))
+    return config, DenseMoeWeights(w13=w13.to(weight_dtype).to(DEVICE), w2=w2.to(DEVICE), biases=expert_biases), dispatch
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
@@ -246,7 +274,7 @@ def test_fp8_per_channel_weights_with_static_activations(gen: torch.Generator) -
     on_cpu = (static.w13_input_scale.to("cpu"), static.w2_input_scale.to("cpu"))
     expected = float64_moe(
         config, dispatch, channel.w13.dequantize(), channel.w2.dequantize(),
-        (lambda x: fake_quantize_fp8(x.float(), on_cpu[0]).double(), lambda x: fake_quantize_fp8(x.float(), on_cpu[1]).double()),
+        (lambda _, x: fake_quantize_fp8(x.float(), on_cpu[0]).double(), lambda _, x: fake_quantize_fp8(x.float(), on_cpu[1]).double()),
     )
     assert relative_error(out, expected.to(out.device)) < FP8_EXACT + 1e-5
 
@@ -399,3 +427,190 @@ def test_shapes_that_disagree_with_the_config_are_refused(gen: torch.Generator) 
         create_runner(TRITON_DENSE, other).run(dispatch, TritonDenseWeights.from_dense(weights))
     with pytest.raises(TypeError, match="TritonDenseWeights.w13: expected dtype torch.bfloat16 or torch.float16"):
         TritonDenseWeights(w13=weights.w13.float(), w2=weights.w2.float())
+
+
+CLAMP = ClampedSwiglu(alpha=1.702, limit=3.0)
+"""gpt-oss's alpha with a limit the test layers' pre-activations exceed: with ``gain`` 3 the gate half has a
+standard deviation of about 3 (above 3 about 16% of the time), the up half about 6 (outside [-3, 3] about 60%)."""
+CLAMP_GAIN = 3.0
+
+
+def as_dense(weights: TritonDenseWeights) -> DenseMoeWeights:
+    """The kernels' own weights and biases in the dense format, for the reference."""
+    return DenseMoeWeights(w13=weights.w13, w2=weights.w2, biases=weights.biases)
+
+
+def pre_activations(weights: DenseMoeWeights, dispatch: StandardDispatchOutput) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every token's float32 ``x @ w13.T (+ bias)`` for every local expert, split into gate and up halves."""
+    x = dispatch.hidden_states.float()
+    h = torch.einsum("th,erh->etr", x, weights.w13.float())
+    if weights.biases is not None:
+        h = h + weights.biases.w13.float()[:, None, :]
+    gate, up = h.chunk(2, dim=-1)
+    return gate, up
+
+
+def assert_clamp_is_hit(weights: DenseMoeWeights, dispatch: StandardDispatchOutput, limit: float) -> None:
+    gate, up = pre_activations(weights, dispatch)
+    assert float((gate > limit).float().mean()) > 0.02, "the gate's clamp from above is hit"
+    assert float((gate < -limit).float().mean()) > 0.02, "and the gate runs below -limit, unclamped"
+    assert float((up > limit).float().mean()) > 0.05 and float((up < -limit).float().mean()) > 0.05, "up clamps both ways"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dense_clamped_swiglu_with_biases_matches_reference(
+    gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    """gpt-oss's layer: the clamped SwiGLU and both GEMMs' biases in the fused epilogues, against the float32
+    reference; the clamp and the biases each move the output far beyond the tolerance."""
+    config, weights, dispatch = make_layer(gen, shape, dtype, CLAMP, gain=CLAMP_GAIN, biases=True)
+    kernel_weights = TritonDenseWeights.from_dense(weights)
+    assert kernel_weights.biases is not None
+    assert_clamp_is_hit(as_dense(kernel_weights), dispatch, CLAMP.limit)
+    out = create_runner(TRITON_DENSE, config).run(dispatch, kernel_weights)
+    expected = create_runner(REFERENCE_DENSE, config).run(dispatch, as_dense(kernel_weights))
+    assert out.shape == dispatch.hidden_states.shape and out.dtype == dispatch.hidden_states.dtype
+    assert relative_error(out, expected) < TOLERANCE[dtype]
+    unclamped = attrs.evolve(config, activation=ClampedSwiglu(alpha=CLAMP.alpha, limit=1e4))
+    assert relative_error(create_runner(REFERENCE_DENSE, unclamped).run(dispatch, as_dense(kernel_weights)), expected) > 0.05
+    unbiased = attrs.evolve(config, expert_biases=False)
+    no_biases = DenseMoeWeights(w13=kernel_weights.w13, w2=kernel_weights.w2)
+    assert relative_error(create_runner(REFERENCE_DENSE, unbiased).run(dispatch, no_biases), expected) > 0.05
+
+
+@pytest.mark.parametrize("biases", [False, True], ids=["no-biases", "biases"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dense_relu2_matches_reference(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, biases: bool) -> None:
+    """Non-gated ReLU^2 (w13 of I rows), with and without biases, against the float32 reference."""
+    config, weights, dispatch = make_layer(gen, shape, dtype, Activation.RELU2, biases=biases)
+    kernel_weights = TritonDenseWeights.from_dense(weights)
+    assert not kernel_weights.gated and kernel_weights.intermediate_size == shape[4]
+    out = create_runner(TRITON_DENSE, config).run(dispatch, kernel_weights)
+    expected = create_runner(REFERENCE_DENSE, config).run(dispatch, as_dense(kernel_weights))
+    assert relative_error(out, expected) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("activation", [CLAMP, Activation.RELU2, Activation.GELU_GATED], ids=lambda a: a.value)
+def test_biases_alone_and_uneven_k(gen: torch.Generator, activation: ExpertActivation) -> None:
+    """Biases with the other activations, and K not a multiple of the tile (masked loads before the epilogue)."""
+    config, weights, dispatch = make_layer(gen, (5, 4, 2, 40, 24, 4, 0), DTYPES[0], activation, gain=CLAMP_GAIN, biases=True)
+    kernel_weights = TritonDenseWeights.from_dense(weights)
+    out = create_runner(TRITON_DENSE, config).run(dispatch, kernel_weights)
+    expected = create_runner(REFERENCE_DENSE, config).run(dispatch, as_dense(kernel_weights))
+    assert relative_error(out, expected) < TOLERANCE[DTYPES[0]]
+
+
+QUANTIZED_CLAMPED = ["fp8-static", "fp8-dynamic", "fp8-block", "nvfp4-w4a16", "nvfp4-w4a16-dequantized"]
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED_CLAMPED)
+def test_quantized_clamped_swiglu_matches_reference(gen: torch.Generator, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clamped SwiGLU in the quantized paths' shared epilogue (no biases: those formats hold none), against
+    each format's reference on the same codes, with the format's own tolerance."""
+    dtype = torch.float32 if fmt.startswith("fp8") else DTYPES[0]
+    shape = BLOCK_SHAPES[1] if fmt == "fp8-block" else SHAPES[1]
+    config, weights, dispatch = make_layer(gen, shape, dtype, CLAMP, gain=CLAMP_GAIN)
+    assert_clamp_is_hit(weights, dispatch, CLAMP.limit)
+    dense = DenseMoeWeights(w13=weights.w13.float(), w2=weights.w2.float())
+    if fmt == "fp8-static":
+        fp8 = quantize_fp8_layer(config, dense, dispatch)
+        out = create_runner(TRITON_FP8, config).run(dispatch, TritonFp8Weights.from_fp8(fp8))
+        expected, tolerance = create_runner(REFERENCE_FP8, config).run(dispatch, fp8), FP8_STATIC_TOLERANCE[dtype]
+    elif fmt == "fp8-dynamic":
+        channel = quantize_fp8_channel_layer(config, dense, dispatch)
+        out = create_runner(TRITON_FP8, config).run(dispatch, TritonFp8Weights.from_fp8_channel(channel))
+        expected, tolerance = create_runner(REFERENCE_FP8_CHANNEL, config).run(dispatch, channel), FP8_DYNAMIC_TOLERANCE[dtype]
+    elif fmt == "fp8-block":
+        block = quantize_fp8_block_layer(config, dense, dispatch)
+        out = create_runner(TRITON_FP8_BLOCK, config).run(dispatch, TritonFp8BlockWeights.from_fp8_block(block))
+        expected, tolerance = create_runner(REFERENCE_FP8_BLOCK, config).run(dispatch, block), FP8_BLOCK_TOLERANCE[dtype]
+    else:
+        monkeypatch.setattr(runner, "nvfp4_dequantizes", lambda *_: fmt.endswith("-dequantized"))
+        nvfp4 = quantize_nvfp4_layer(config, dense, dispatch).without_activation_quantization()
+        out = create_runner(TRITON_NVFP4_W4A16, config).run(dispatch, TritonNvfp4W4A16Weights.from_nvfp4(nvfp4))
+        expected, tolerance = create_runner(REFERENCE_NVFP4_W4A16, config).run(dispatch, nvfp4), TOLERANCE[dtype]
+    assert relative_error(out, expected) < tolerance
+
+
+ON_GPU = DeviceSpec.parse("sm90+triton")
+"""An H100/H200 as the capability answers see it (nothing is launched)."""
+
+
+def test_capability_answers_name_what_each_path_computes() -> None:
+    """Dense weights: every activation, ReLU^2 and biases included; the quantized formats: the gated activations
+    with the clamped SwiGLU, and named refusals for ReLU^2 (their weights are gated) and biases (they hold none)."""
+    base = MoeRunnerConfig(num_experts=8, hidden_size=1024, intermediate_size_per_partition=1024, top_k=2)
+    layers = {
+        "clamped": attrs.evolve(base, activation=ClampedSwiglu(alpha=1.702, limit=7.0)),
+        "clamped+biases": attrs.evolve(base, activation=ClampedSwiglu(), expert_biases=True),
+        "relu2": attrs.evolve(base, activation=Activation.RELU2),
+        "relu2+biases": attrs.evolve(base, activation=Activation.RELU2, expert_biases=True),
+        "biases": attrs.evolve(base, expert_biases=True),
+    }
+    for name, config in layers.items():
+        support = TRITON_DENSE.supports(ON_GPU, LayerSpec(config, DENSE, torch.bfloat16))
+        assert support.ok, (name, support.describe())
+    for key, fmt in ((TRITON_FP8, FP8), (TRITON_FP8, FP8_CHANNEL), (TRITON_FP8_BLOCK, FP8_BLOCK_SCALED),
+                     (TRITON_NVFP4_W4A16, NVFP4_W4A16)):
+        assert key.supports(ON_GPU, LayerSpec(layers["clamped"], fmt, torch.bfloat16)).ok, fmt.name
+        relu2 = key.supports(ON_GPU, LayerSpec(layers["relu2"], fmt, torch.bfloat16))
+        assert relu2.reasons == (f"the {fmt.name} weights are gated (w13 [E, 2I, H]), not relu2",)
+        biases = key.supports(ON_GPU, LayerSpec(layers["biases"], fmt, torch.bfloat16))
+        assert biases.reasons == (f"the {fmt.name} weights hold no expert biases",)
+
+
+def test_weights_that_disagree_with_the_activation_or_biases_are_refused(gen: torch.Generator) -> None:
+    config, weights, dispatch = make_layer(gen, (3, 4, 2, 64, 32, 4, 0), DTYPES[0], biases=True)
+    kernel_weights = TritonDenseWeights.from_dense(weights)
+    with pytest.raises(ValueError, match="the config says expert_biases=False, the weights carry some"):
+        create_runner(TRITON_DENSE, attrs.evolve(config, expert_biases=False)).run(dispatch, kernel_weights)
+    unbiased = TritonDenseWeights(w13=kernel_weights.w13, w2=kernel_weights.w2)
+    with pytest.raises(ValueError, match="the config says expert_biases=True, the weights carry none"):
+        create_runner(TRITON_DENSE, config).run(dispatch, unbiased)
+    relu2 = attrs.evolve(config, activation=Activation.RELU2, expert_biases=False)
+    with pytest.raises(ValueError, match="quant_info.w13: expected 32 rows for relu2, got 64"):
+        create_runner(TRITON_DENSE, relu2).run(dispatch, unbiased)
+    with pytest.raises(ValueError, match=r"TritonDenseWeights.biases.w2: expected a contiguous tensor of shape \(4, 64\)"):
+        TritonDenseWeights(w13=kernel_weights.w13, w2=kernel_weights.w2,
+                           biases=ExpertBiases(w13=kernel_weights.w13[:, :, 0].contiguous(), w2=kernel_weights.w13[:, :3, 0]))
+
+
+def test_gpt_oss_mxfp4_layers_run_on_triton_dense(gen: torch.Generator) -> None:
+    """The issue's layer: gpt-oss (MXFP4 experts, clamped SwiGLU, biases) is chosen for triton-dense on Hopper (its
+    weights dequantized once to bf16, exactly), not for the PyTorch reference; that route, run here under the
+    interpreter, matches the MXFP4 reference (float32 biases: bf16's tolerance covers their rounding)."""
+    shape = (7, 8, 4, 2880, 2880, 8, 0) if CUDA else (7, 8, 4, 64, 64, 8, 0)
+    tokens, experts, top_k, hidden, inter, _, _ = shape
+    config = MoeRunnerConfig(
+        num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=inter, top_k=top_k,
+        activation=ClampedSwiglu(alpha=1.702, limit=CLAMP.limit), expert_biases=True,
+    )
+    layer = LayerSpec(config, MXFP4, torch.bfloat16)
+    assert choose(MXFP4, ON_GPU, layer).chosen.name == "triton-dense"
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * (CLAMP_GAIN / math.sqrt(hidden))
+    weights = Mxfp4MoeWeights(
+        w13=Mxfp4ExpertWeights.quantize(w13.to(DEVICE)),
+        w2=Mxfp4ExpertWeights.quantize((torch.randn(experts, hidden, inter, generator=gen) / math.sqrt(inter)).to(DEVICE)),
+        biases=ExpertBiases(w13=(torch.randn(experts, 2 * inter, generator=gen) * 0.5).to(DEVICE),
+                            w2=(torch.randn(experts, hidden, generator=gen) * 0.5).to(DEVICE)),
+    )
+    x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
+    dispatch = StandardDispatchOutput(x.to(DEVICE), select_experts(torch.randn(tokens, experts, generator=gen).to(DEVICE), config))
+    device = DeviceSpec.of(DEVICE) if CUDA else ON_GPU
+    route = choose(MXFP4, device, layer).chosen
+    assert route.name == "triton-dense" and route.degradation is not None
+    out = route.bind(config, weights)(dispatch)
+    expected = create_runner(REFERENCE_MXFP4, config).run(dispatch, weights)
+    assert relative_error(out, expected) < TOLERANCE[torch.bfloat16]
+
+
+def test_clamped_swiglu_keeps_nan(gen: torch.Generator) -> None:
+    """A NaN pre-activation stays NaN through the clamps, as torch.clamp keeps it (a GPU's plain min/max would
+    return the limit): a token with a NaN hidden state has a NaN output, the others none."""
+    config, weights, dispatch = make_layer(gen, (5, 4, 2, 64, 32, 4, 0), DTYPES[0], CLAMP, gain=CLAMP_GAIN, biases=True)
+    x = dispatch.hidden_states.clone()
+    x[2, 7] = float("nan")
+    out = create_runner(TRITON_DENSE, config).run(StandardDispatchOutput(x, dispatch.topk), TritonDenseWeights.from_dense(weights))
+    assert bool(out[2].isnan().all()) and not bool(out[[0, 1, 3, 4]].isnan().any())

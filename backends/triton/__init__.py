@@ -9,10 +9,14 @@ runner quantizes each GEMM input first (:mod:`.quantize`).
 
 Importing this module registers the keys (kernel tier, ahead of FlashInfer's
 CUTLASS MoE) without importing Triton, so a machine without it lists the
-backends as unsupported with the reason. They run layers of gated SiLU or
-GELU with bf16/fp16 hidden states on CUDA devices of compute capability 8.0
-or newer (NVFP4 and FP8: 8.9, for the E4M3 conversions and FP8 dot
-products); block-scaled FP8 needs sizes that are multiples of 128. On the
+backends as unsupported with the reason. They run layers of gated SiLU,
+GELU (erf or tanh) or gpt-oss's clamped SwiGLU with bf16/fp16 hidden states
+on CUDA devices of compute capability 8.0 or newer (NVFP4 and FP8: 8.9, for
+the E4M3 conversions and FP8 dot products); block-scaled FP8 needs sizes
+that are multiples of 128. Dense weights may also be non-gated ReLU^2 and
+carry per-expert biases (added in the GEMMs' epilogues); the quantized
+formats hold gate and up halves and no biases, so those layers are refused
+there. On the
 CPU, Triton's interpreter (``TRITON_INTERPRET=1``: exact but slow, for
 tests) runs them when chosen by name, never by rank.
 """
@@ -31,6 +35,7 @@ from moe_core import (
     NVFP4_W4A16,
     Activation,
     BackendKey,
+    ClampedSwiglu,
     Conversion,
     MoeRunnerConfig,
     Runner,
@@ -45,8 +50,10 @@ from moe_core.backends.triton.quant_info import (
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier, interpreter_requested
 from moe_core.formats import fp8_block_size_refusal
 
-ACTIVATIONS = (Activation.SILU_GATED, Activation.GELU_GATED, Activation.GELU_TANH_GATED)
-"""The activations the first GEMM's fused epilogue computes."""
+ACTIVATIONS = (Activation.SILU_GATED, Activation.GELU_GATED, Activation.GELU_TANH_GATED, Activation.RELU2)
+"""The parameterless activations the first GEMM's fused epilogue computes; and :class:`~moe_core.ClampedSwiglu`,
+any ``alpha`` and ``limit`` (ReLU^2, non-gated, only for dense weights: the quantized formats hold gate and up
+halves)."""
 
 HIDDEN_DTYPES = (torch.bfloat16, torch.float16)
 """Hidden-state dtypes the kernels read and write."""
@@ -79,13 +86,16 @@ def _device_support(device: DeviceSpec, capability: tuple[int, int]) -> Support:
 def _layer_reasons(layer: LayerSpec) -> list[str]:
     reasons = []
     config = layer.config
-    if config.activation not in ACTIVATIONS:
-        names = ", ".join(activation.value for activation in ACTIVATIONS)
-        reasons.append(f"its fused epilogue computes {names}, not {config.activation.value}")
+    activation = config.activation
+    if not isinstance(activation, ClampedSwiglu) and activation not in ACTIVATIONS:
+        names = ", ".join([*(a.value for a in ACTIVATIONS), ClampedSwiglu().value])
+        reasons.append(f"its fused epilogue computes {names}, not {activation.value}")
+    elif not activation.gated and layer.format is not DENSE:
+        reasons.append(f"the {layer.format.name} weights are gated (w13 [E, 2I, H]), not {activation.value}")
     if config.routing_method.scales_input:
         reasons.append(f"its kernels weight each expert's output, not its input ({config.routing_method.value} routing)")
-    if config.expert_biases:
-        reasons.append("its kernels add no per-expert biases")
+    if config.expert_biases and layer.format is not DENSE:
+        reasons.append(f"the {layer.format.name} weights hold no expert biases")
     if layer.dtype not in HIDDEN_DTYPES:
         reasons.append(f"takes bf16/fp16 hidden states, not {layer.dtype}")
     if layer.format is FP8_BLOCK_SCALED:

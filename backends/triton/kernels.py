@@ -34,6 +34,15 @@ constexpr flags:
   dot product scaled by both and added in float32. ``OUT_FP8``: the gated output is
   quantized to E4M3 with one static scale (the second GEMM's input scale)
   before it is stored.
+- ``RELU2`` (the first GEMM of a non-gated layer, ``GATED`` off): ``B`` is
+  ``w13 [E, I, H]`` with no up half, the rows of ``A`` are tokens as for
+  ``GATED``, and the epilogue writes ``relu(acc) ** 2``.
+- ``BIAS``: each expert's bias row (``bias [E, rows of B]``, the up half's
+  at column ``N + n``) is added to the dequantized accumulator, before the
+  activation (first GEMM) or the top-k weight (second).
+
+With ``BIAS``, ``RELU2`` and ``ACTIVATION == CLAMPED_SWIGLU`` off, every
+flag's code is what it was before they existed (all are constexpr).
 
 Every program reads its block's expert and rows from :mod:`.sorting`'s
 output and returns at once past the rows in use, so the launch grid is a
@@ -49,7 +58,9 @@ import triton.language as tl
 SILU = 0
 GELU = 1
 GELU_TANH = 2
-"""The gated activations the first GEMM's epilogue computes (``ACTIVATION``): SiLU, erf-GELU, tanh-GELU."""
+CLAMPED_SWIGLU = 3
+"""The gated activations the first GEMM's epilogue computes (``ACTIVATION``): SiLU, erf-GELU, tanh-GELU, and
+gpt-oss's clamped SwiGLU (its ``alpha`` and ``limit`` the constexprs ``ALPHA`` and ``LIMIT``)."""
 
 
 @triton.jit
@@ -335,8 +346,10 @@ def moe_gemm_kernel(
     a_ptr, b_ptr, b_scales_ptr, dequant_ptr, c_ptr, topk_weights_ptr, sorted_ptr, expert_ids_ptr, num_rows_ptr,
     a_scales_ptr, out_scale_ptr, N, K, num_pairs, top_k, max_blocks,
     stride_am, stride_be, stride_bn, stride_se, stride_sn, stride_de, stride_dn, stride_as, stride_cm,
+    bias_ptr, stride_bias,
     GATED: tl.constexpr, NVFP4: tl.constexpr, EXPERT_SCALES: tl.constexpr, FP8: tl.constexpr, FP8_BLOCKS: tl.constexpr,
     OUT_FP8: tl.constexpr, PROMOTE: tl.constexpr, ACTIVATION: tl.constexpr, UPCAST: tl.constexpr,
+    BIAS: tl.constexpr, RELU2: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """``C[pair] = A[row] @ B[expert].T`` for every sorted pair, see the module docstring."""
@@ -352,7 +365,7 @@ def moe_gemm_kernel(
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     pairs = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     row_ok = pairs < num_pairs
-    a_rows = tl.where(row_ok, pairs // top_k if GATED else pairs, 0).to(tl.int64)
+    a_rows = tl.where(row_ok, pairs // top_k if GATED or RELU2 else pairs, 0).to(tl.int64)
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     b_expert = b_ptr + expert * stride_be
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -429,14 +442,28 @@ def moe_gemm_kernel(
             if GATED:
                 up_scales = tl.load(dequant_ptr + expert * stride_de + (offs_n + N) * stride_dn)
                 acc_up = acc_up * a_scales * up_scales[None, :]
+    if BIAS:
+        bias_expert = bias_ptr + expert * stride_bias
+        acc += tl.load(bias_expert + offs_n).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(bias_expert + N + offs_n).to(tl.float32)[None, :]
     if GATED:
         if ACTIVATION == 0:
             gate = acc / (1.0 + tl.exp(-acc))
         elif ACTIVATION == 1:
             gate = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
-        else:  # 0.5 x (1 + tanh(z)) = x * sigmoid(2 z), z = sqrt(2 / pi) (x + 0.044715 x^3)
+        elif ACTIVATION == 2:  # 0.5 x (1 + tanh(z)) = x * sigmoid(2 z), z = sqrt(2 / pi) (x + 0.044715 x^3)
             gate = acc / (1.0 + tl.exp(-1.5957691216057308 * (acc + 0.044715 * acc * acc * acc)))
+        else:  # clamped SwiGLU: gate clamped from above only, up to [-limit, limit] plus one; NaN stays NaN
+            gate = tl.minimum(acc, LIMIT, propagate_nan=tl.PropagateNan.ALL)
+            gate = gate / (1.0 + tl.exp(-ALPHA * gate))
+            acc_up = tl.clamp(acc_up, -LIMIT, LIMIT, propagate_nan=tl.PropagateNan.ALL) + 1.0
         result = gate * acc_up
+        if OUT_FP8:
+            result = _e4m3_values(result, tl.load(out_scale_ptr), UPCAST)
+    elif RELU2:
+        result = tl.maximum(acc, 0.0)
+        result = result * result
         if OUT_FP8:
             result = _e4m3_values(result, tl.load(out_scale_ptr), UPCAST)
     else:

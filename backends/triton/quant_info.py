@@ -38,6 +38,7 @@ from moe_core import (
 from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
 from moe_core.fp8 import FP8_BLOCK
 from moe_core.formats._experts import TensorExperts
+from moe_core.formats.dense import ExpertBiases
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 """Weight dtypes the dense kernels multiply."""
@@ -63,24 +64,48 @@ def _expert_dims(w13: torch.Tensor, w2: torch.Tensor, cols_per_element: int) -> 
 @final
 @attrs.frozen(eq=False, kw_only=True)
 class TritonDenseWeights(TensorExperts):
-    """bf16 or fp16 expert weights, contiguous ``w13 [E, 2I, H]`` (gate rows first) and ``w2 [E, H, I]``."""
+    """bf16 or fp16 expert weights, contiguous ``w13 [E, 2I, H]`` (gate rows first) and ``w2 [E, H, I]``; or
+    ``w13 [E, I, H]`` for a non-gated activation (ReLU^2); optionally each expert's biases, contiguous, in the
+    weights' dtype."""
 
     w13: torch.Tensor
     w2: torch.Tensor
+    biases: ExpertBiases | None = None
+    """Added after each GEMM in the kernels' epilogues (gpt-oss); the config's ``expert_biases`` must say so."""
 
     def __attrs_post_init__(self) -> None:
         for name, tensor in (("w13", self.w13), ("w2", self.w2)):
             _require_kernel_stack(f"TritonDenseWeights.{name}", tensor, KERNEL_DTYPES)
         if self.w13.dtype != self.w2.dtype:
             raise TypeError(f"TritonDenseWeights.w2: expected dtype {self.w13.dtype} like w13, got {self.w2.dtype}")
-        _expert_dims(self.w13, self.w2, 1)
-        require_same_device([("w13", self.w13), ("w2", self.w2)])
+        experts, rows, hidden = (int(d) for d in self.w13.shape)
+        if tuple(self.w2.shape) != (experts, hidden, rows):  # not non-gated [E, I, H] / [E, H, I]: gated, checked so
+            _expert_dims(self.w13, self.w2, 1)
+        tensors = [("w13", self.w13), ("w2", self.w2)]
+        if self.biases is not None:
+            if not isinstance(self.biases, ExpertBiases):
+                raise TypeError(f"TritonDenseWeights.biases: expected ExpertBiases, got {type(self.biases).__name__}")
+            for name, tensor, shape in (("w13", self.biases.w13, (experts, rows)), ("w2", self.biases.w2, (experts, hidden))):
+                label = f"TritonDenseWeights.biases.{name}"
+                require_dtype(label, tensor, (self.w13.dtype,))
+                if tuple(tensor.shape) != shape or not tensor.is_contiguous():
+                    raise ValueError(f"{label}: expected a contiguous tensor of shape {shape}, got {tuple(tensor.shape)}")
+                tensors.append((f"biases.{name}", tensor))
+        require_same_device(tensors)
+
+    @property
+    def gated(self) -> bool:
+        """True when ``w13`` holds gate and up halves (``2I`` rows), False for ``I`` rows (a non-gated activation)."""
+        return int(self.w13.shape[1]) != int(self.w2.shape[2])
 
     @classmethod
     def from_dense(cls, weights: DenseMoeWeights) -> TritonDenseWeights:
-        """The canonical dense weights in the kernels' layout; float32 weights are rounded to bf16."""
+        """The canonical dense weights (and biases) in the kernels' layout; float32 ones are rounded to bf16."""
         dtype = weights.w13.dtype if weights.w13.dtype in KERNEL_DTYPES else torch.bfloat16
-        return cls(w13=weights.w13.to(dtype).contiguous(), w2=weights.w2.to(dtype).contiguous())
+        biases = weights.biases
+        if biases is not None:
+            biases = ExpertBiases(w13=biases.w13.to(dtype).contiguous(), w2=biases.w2.to(dtype).contiguous())
+        return cls(w13=weights.w13.to(dtype).contiguous(), w2=weights.w2.to(dtype).contiguous(), biases=biases)
 
 
 def _packed(half: Nvfp4ExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,10 +13,18 @@ from typing import final
 import attrs
 import torch
 
-from moe_core import Activation, DispatchFormat, DispatchOutput, MoeRunnerConfig, check_run_inputs
+from moe_core import Activation, ClampedSwiglu, DispatchFormat, DispatchOutput, MoeRunnerConfig, check_run_inputs
 from moe_core.backends.triton import interpreted
 from moe_core.backends.triton.configs import KernelConfig, choose, nvfp4_dequantizes
-from moe_core.backends.triton.kernels import GELU, GELU_TANH, SILU, combine_kernel, dequantize_nvfp4_kernel, moe_gemm_kernel
+from moe_core.backends.triton.kernels import (
+    CLAMPED_SWIGLU,
+    GELU,
+    GELU_TANH,
+    SILU,
+    combine_kernel,
+    dequantize_nvfp4_kernel,
+    moe_gemm_kernel,
+)
 from moe_core.backends.triton.quant_info import (
     Fp8Accumulation,
     Fp8Activations,
@@ -57,6 +65,32 @@ class Gemm:
     dequantize: bool = False
     """NVFP4: expand ``B`` to the activations' dtype in one pass (:func:`dequantize_nvfp4`) and run the 16-bit
     kernel on that workspace; the global scales stay on the accumulator."""
+    bias: torch.Tensor | None = None
+    """Each expert's bias ``[E, rows of B]``, added to the accumulator in the epilogue."""
+
+
+@final
+@attrs.frozen
+class Epilogue:
+    """The first GEMM's activation as the kernel's constexprs: ``ACTIVATION`` (a gated one's code), ``RELU2``
+    (non-gated ``relu(h) ** 2``: no up half), and the clamped SwiGLU's ``ALPHA`` and ``LIMIT`` (0 otherwise, so
+    the other activations compile as one variant each)."""
+
+    activation: int
+    relu2: bool = False
+    alpha: float = 0.0
+    limit: float = 0.0
+
+    @classmethod
+    def of(cls, config: MoeRunnerConfig) -> Epilogue:
+        """The epilogue of ``config``'s activation."""
+        activation = config.activation
+        if isinstance(activation, ClampedSwiglu):
+            return cls(CLAMPED_SWIGLU, alpha=float(activation.alpha), limit=float(activation.limit))
+        if activation is Activation.RELU2:
+            return cls(SILU, relu2=True)
+        codes = {Activation.SILU_GATED: SILU, Activation.GELU_GATED: GELU, Activation.GELU_TANH_GATED: GELU_TANH}
+        return cls(codes[activation])
 
 
 DEQUANTIZE_ROWS, DEQUANTIZE_BYTES = 16, 256
@@ -85,10 +119,12 @@ def dequantize_nvfp4(packed: torch.Tensor, block_scales: torch.Tensor, dtype: to
 
 def launch(
     a: torch.Tensor, gemm: Gemm, out: torch.Tensor, topk_weights: torch.Tensor, sorted_tokens: SortedTokens,
-    top_k: int, gated: bool, activation: int, a_scales: torch.Tensor | None = None,
+    top_k: int, first: bool, epilogue: Epilogue | int, a_scales: torch.Tensor | None = None,
     out_scale: torch.Tensor | None = None,
 ) -> None:
-    """Launch the grouped GEMM: gated (the first GEMM) or weighted by the top-k weights (the second).
+    """Launch the grouped GEMM: the ``first`` (its rows tokens, ``epilogue``'s activation: gated, or ReLU^2 of a
+    non-gated ``B``; an int is a gated activation's code, ``Epilogue(code)``) or the second (weighted by the top-k
+    weights); ``gemm.bias`` added to the accumulator.
 
     FP8 (``B`` E4M3): ``a_scales`` dequantizes ``a``'s rows (``[rows]``, or
     ``[1]`` for one static scale; with block-scaled ``B``, ``[rows, K / 128]``);
@@ -103,6 +139,11 @@ def launch(
     blocks = fp8 and dequant is not None and dequant.dim() == 3
     if fp8 and a_scales is None:
         raise ValueError("launch: FP8 weights need the scales of their FP8 input rows")
+    if isinstance(epilogue, int):
+        epilogue = Epilogue(epilogue)
+    gated, relu2 = first and not epilogue.relu2, first and epilogue.relu2
+    gate = epilogue if gated else Epilogue(SILU)  # only a gated epilogue reads them: one variant of the others
+    bias = gemm.bias
     moe_gemm_kernel[grid](
         a, gemm.b, gemm.b if scales is None else scales, topk_weights if dequant is None else dequant,
         out, topk_weights, sorted_tokens.sorted_ids, sorted_tokens.expert_ids, sorted_tokens.num_rows,
@@ -113,11 +154,13 @@ def launch(
         0 if dequant is None else (dequant.stride(0) if dequant.dim() > 1 else 1),
         dequant.stride(1) if dequant is not None and dequant.dim() > 1 else 0,
         a_scales.stride(0) if a_scales is not None and a_scales.shape[0] > 1 else 0, out.stride(0),
+        topk_weights if bias is None else bias, 0 if bias is None else bias.stride(0),
         GATED=gated, NVFP4=scales is not None, EXPERT_SCALES=not fp8 and scales is None and dequant is not None,
         FP8=fp8 and not blocks, FP8_BLOCKS=blocks, OUT_FP8=out_scale is not None,
         PROMOTE=gemm.promote,
-        ACTIVATION=activation,
+        ACTIVATION=gate.activation,
         UPCAST=interpreted(),
+        BIAS=bias is not None, RELU2=relu2, ALPHA=gate.alpha, LIMIT=gate.limit,
         EVEN_K=gemm.k % config.block_k == 0, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
     )
@@ -170,18 +213,16 @@ def fused_moe(
     ids, weights = dispatch.topk.topk_ids, dispatch.topk.topk_weights.contiguous()
     tokens, top_k = ids.shape
     sorted_tokens = sort_tokens(ids, config.num_local_experts, config.local_expert_offset, w13.config.block_m)
-    activation = {
-        Activation.SILU_GATED.value: SILU, Activation.GELU_GATED.value: GELU, Activation.GELU_TANH_GATED.value: GELU_TANH
-    }[config.activation.value]
+    epilogue = Epilogue.of(config)
     static = fp8 if isinstance(fp8, StaticFp8Activations) else None
     x, x_scales = quantize_hidden(hidden.contiguous(), fp8)
     inter_dtype = torch.float8_e4m3fn if static is not None else hidden.dtype
     inter = torch.empty((tokens * top_k, w13.n), dtype=inter_dtype, device=hidden.device)
     out_scale = None if static is None else static.w2_input_scale.value
-    launch(x, w13, inter, weights, sorted_tokens, top_k, True, activation, x_scales, out_scale)
+    launch(x, w13, inter, weights, sorted_tokens, top_k, True, epilogue, x_scales, out_scale)
     inter, inter_scales = quantize_gated(inter, fp8, config, ids)
     down = torch.empty((tokens * top_k, w2.n), dtype=hidden.dtype, device=hidden.device)
-    launch(inter, w2, down, weights, sorted_tokens, top_k, False, activation, inter_scales)
+    launch(inter, w2, down, weights, sorted_tokens, top_k, False, epilogue, inter_scales)
     out = torch.empty_like(hidden, memory_format=torch.contiguous_format)
     grid = (tokens, cdiv(w2.n, COMBINE_BLOCK))
     combine_kernel[grid](
@@ -200,9 +241,14 @@ def _configs(config: MoeRunnerConfig, dispatch: DispatchOutput, fmt: str) -> tup
 
 
 def dense_gemms(quant_info: TritonDenseWeights, w13: KernelConfig, w2: KernelConfig) -> tuple[Gemm, Gemm]:
-    """The two GEMM launches of dense weights under the given block sizes."""
+    """The two GEMM launches of dense weights (with their biases, if any) under the given block sizes."""
     inter, hidden = quant_info.intermediate_size, quant_info.hidden_size
-    return Gemm(quant_info.w13, None, None, inter, hidden, w13), Gemm(quant_info.w2, None, None, hidden, inter, w2)
+    biases = quant_info.biases
+    w13_bias, w2_bias = (None, None) if biases is None else (biases.w13, biases.w2)
+    return (
+        Gemm(quant_info.w13, None, None, inter, hidden, w13, bias=w13_bias),
+        Gemm(quant_info.w2, None, None, hidden, inter, w2, bias=w2_bias),
+    )
 
 
 def nvfp4_w4a16_gemms(
@@ -237,6 +283,27 @@ def fp8_block_gemms(quant_info: TritonFp8BlockWeights, w13: KernelConfig, w2: Ke
     )
 
 
+def check_dense_layer(config: MoeRunnerConfig, quant_info: TritonDenseWeights) -> None:
+    """``ValueError`` unless the weights' halves and biases are the config's (metadata only)."""
+    if quant_info.gated != config.activation.gated:
+        rows = 2 * config.intermediate_size_per_partition if config.activation.gated else config.intermediate_size_per_partition
+        raise ValueError(
+            f"quant_info.w13: expected {rows} rows for {config.activation.value}, got {int(quant_info.w13.shape[1])}"
+        )
+    if (quant_info.biases is not None) != config.expert_biases:
+        carried = "some" if quant_info.biases is not None else "none"
+        raise ValueError(f"quant_info: the config says expert_biases={config.expert_biases}, the weights carry {carried}")
+
+
+def check_gated_layer(config: MoeRunnerConfig) -> None:
+    """``ValueError`` unless ``config`` is a gated layer without biases: quantized weights hold gate and up halves
+    and no biases."""
+    if not config.activation.gated:
+        raise ValueError(f"config.activation: these weights are gated (w13 [E, 2I, H]), not {config.activation.value}")
+    if config.expert_biases:
+        raise ValueError("config.expert_biases: these weights hold no expert biases")
+
+
 @final
 @attrs.frozen
 class TritonDenseRunner:
@@ -247,6 +314,7 @@ class TritonDenseRunner:
     def run(self, dispatch: DispatchOutput, quant_info: TritonDenseWeights, /) -> torch.Tensor:
         """The ``[T, H]`` MoE output in the activations' dtype."""
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
+        check_dense_layer(self.config, quant_info)
         fmt = "bf16" if quant_info.w13.dtype == torch.bfloat16 else "fp16"
         return fused_moe(self.config, dispatch, *dense_gemms(quant_info, *_configs(self.config, dispatch, fmt)))
 
@@ -262,6 +330,7 @@ class TritonNvfp4W4A16Runner:
     def run(self, dispatch: DispatchOutput, quant_info: TritonNvfp4W4A16Weights, /) -> torch.Tensor:
         """The ``[T, H]`` MoE output in the activations' dtype."""
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
+        check_gated_layer(self.config)
         hidden, config = dispatch.hidden_states, self.config
         if nvfp4_dequantizes(
             _device_name(hidden.device), int(hidden.shape[0]), config.top_k, config.num_local_experts,
@@ -284,6 +353,7 @@ class TritonFp8Runner:
     def run(self, dispatch: DispatchOutput, quant_info: TritonFp8Weights, /) -> torch.Tensor:
         """The ``[T, H]`` MoE output in the activations' dtype."""
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
+        check_gated_layer(self.config)
         gemms = fp8_gemms(quant_info, *_configs(self.config, dispatch, "fp8"))
         return fused_moe(self.config, dispatch, *gemms, fp8=quant_info.activations)
 
@@ -298,5 +368,6 @@ class TritonFp8BlockRunner:
     def run(self, dispatch: DispatchOutput, quant_info: TritonFp8BlockWeights, /) -> torch.Tensor:
         """The ``[T, H]`` MoE output in the activations' dtype."""
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
+        check_gated_layer(self.config)
         gemms = fp8_block_gemms(quant_info, *_configs(self.config, dispatch, "fp8-block"))
         return fused_moe(self.config, dispatch, *gemms, fp8=PerGroupFp8Activations())
