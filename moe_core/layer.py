@@ -19,7 +19,7 @@ from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.config import Activation, ExpertActivation, MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 from moe_core.formats.dense import DENSE, DenseMoeWeights
-from moe_core.registry import MoeForward, choose
+from moe_core.registry import BoundRunner, MoeForward, choose
 from moe_core.routing import Router, route
 
 
@@ -81,6 +81,16 @@ class MoeLayer:
     backend: str
     """The selection's summary: the backend chosen, and those passed over with why."""
     shared_expert: SharedExpert | None = None
+
+    def __attrs_post_init__(self) -> None:
+        bound = self.experts.runner.config if isinstance(self.experts, BoundRunner) else None
+        if bound is not None and bound != self.config:
+            differ = [
+                f"{field.name} {getattr(self.config, field.name)!r} (experts': {getattr(bound, field.name)!r})"
+                for field in attrs.fields(MoeRunnerConfig)
+                if getattr(self.config, field.name) != getattr(bound, field.name)
+            ]
+            raise ValueError(f"MoeLayer.config: the experts were bound for another layer: {'; '.join(differ)}")
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, TopKOutput]:
         """The output and the routing that produced it (for blocks that also return weights or logits)."""

@@ -36,7 +36,7 @@ import torch
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig
 from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
-from moe_core.dispatch import DispatchOutput
+from moe_core.dispatch import DispatchOutput, StandardDispatchOutput
 from moe_core.runner import QuantInfo, Runner
 
 ENTRY_POINT_GROUP = "moe_core.backends"
@@ -68,8 +68,22 @@ class BoundRunner(Generic[Q]):
     quant_info: Q
 
     def __call__(self, dispatch: DispatchOutput, /) -> torch.Tensor:
-        """``runner.run(dispatch, quant_info)``."""
-        return self.runner.run(dispatch, self.quant_info)
+        """``runner.run(dispatch, quant_info)``; for standard dispatches, the output is held to the
+        :class:`~moe_core.runner.Runner` contract (``[T, H]`` in the hidden states' dtype and device), so a backend that
+        returns something else is named instead of passing it on."""
+        out = self.runner.run(dispatch, self.quant_info)
+        if isinstance(dispatch, StandardDispatchOutput):
+            hidden = dispatch.hidden_states
+            fits = isinstance(out, torch.Tensor) and (out.shape, out.dtype, out.device) == (
+                hidden.shape, hidden.dtype, hidden.device
+            )
+            if not fits:
+                got = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+                raise RuntimeError(
+                    f"{type(self.runner).__name__}.run returned {got}, not the hidden states' "
+                    f"{tuple(hidden.shape)} {hidden.dtype} on {hidden.device} (the Runner contract)"
+                )
+        return out
 
 
 SupportsCheck = Callable[[DeviceSpec, LayerSpec], Support]

@@ -135,6 +135,16 @@ def test_shared_expert_is_added_once_and_gated(gen: torch.Generator) -> None:
     assert with_shared.backend.startswith("backend reference-dense")
 
 
+def test_a_layer_refuses_experts_bound_for_another_config(gen: torch.Generator) -> None:
+    """A layer's routing and scaling come from its config, its experts' from theirs: the two must be one layer."""
+    config = MoeRunnerConfig(E, H, I, K)
+    weights = DenseMoeWeights(w13=torch.randn(E, 2 * I, H, generator=gen), w2=torch.randn(E, H, I, generator=gen))
+    layer = dense_layer(config, Router(weight=torch.randn(E, H, generator=gen)), weights, dtype=torch.float32)
+    scaled = attrs.evolve(config, routed_scaling_factor=2.5)
+    with pytest.raises(ValueError, match=r"MoeLayer.config: the experts were bound for another layer: routed_scaling_factor 2.5 \(experts': 1.0\)"):
+        attrs.evolve(layer, config=scaled)
+
+
 def test_shared_expert_names_a_dtype_mismatch(gen: torch.Generator) -> None:
     """Weights of another dtype than the hidden states are named, not left to a matmul's error deep inside."""
     shared = SharedExpert(w13=torch.randn(2 * 5, H, generator=gen), w2=torch.randn(H, 5, generator=gen))

@@ -14,6 +14,9 @@ import torch
 
 from moe_core import (
     DENSE,
+    BoundRunner,
+    DenseMoeWeights,
+    DispatchOutput,
     FP8_BLOCK_SCALED,
     NVFP4,
     Activation,
@@ -349,3 +352,21 @@ def test_a_route_refuses_to_bind_a_config_its_backend_refuses(gen: torch.Generat
     biased = attrs.evolve(CONFIG, expert_biases=True)
     with pytest.raises(BackendSelectionError, match="backend 'reference-nvfp4' cannot run this nvfp4 layer: the nvfp4 weights hold no expert biases"):
         route.bind(biased, weights)
+
+
+@attrs.frozen
+class Float32Output:
+    """A runner breaking the contract: the reference's output, but in float32 whatever the hidden states' dtype."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        return create_runner(REFERENCE_DENSE, self.config).run(dispatch, quant_info).float()
+
+
+def test_a_runner_returning_another_dtype_than_the_contract_is_named(gen: torch.Generator) -> None:
+    weights, dispatch = random_dense_layer(CONFIG, 6, torch.bfloat16, torch.device("cpu"), int(torch.randint(2**31, (1,), generator=gen)))
+    assert REFERENCE_DENSE.bind(CONFIG, weights)(dispatch).dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match=r"Float32Output.run returned \(6, 32\) torch.float32 on cpu, not the hidden "
+                       r"states' \(6, 32\) torch.bfloat16 on cpu \(the Runner contract\)"):
+        BoundRunner(Float32Output(CONFIG), weights)(dispatch)

@@ -411,6 +411,17 @@ def test_training_mode_is_refused(gen: torch.Generator) -> None:
         holder.mlp(torch.randn(1, 2, 32))
 
 
+def test_a_swapped_model_refuses_state_dicts_instead_of_dropping_its_experts(gen: torch.Generator) -> None:
+    """A save after the swap would lack the experts and the router; a load would leave the converted experts stale."""
+    holder = _Holder(_block("mixtral", gen), CONFIGS["mixtral"]())
+    donor = copy.deepcopy(holder).state_dict()
+    swap_moe_blocks(holder)
+    with pytest.raises(RuntimeError, match="mlp: a swapped mixtral block holds its experts in its backend's layout"):
+        holder.state_dict()
+    with pytest.raises(RuntimeError, match=r"mlp: a swapped mixtral block cannot take 'mlp\.[\w.]+' \(and \d+ more\)"):
+        holder.load_state_dict(donor, strict=False)
+
+
 def test_model_without_covered_block_is_refused() -> None:
     holder = _Holder(nn.Linear(2, 2), CONFIGS["mixtral"]())
     with pytest.raises(ValueError, match="no sparse MoE block of a covered family"):

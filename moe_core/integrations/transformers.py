@@ -23,7 +23,7 @@ chosen backend, not as parameters): place the model first, then swap.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar, final
 
 import attrs
@@ -90,6 +90,32 @@ class MoeCoreBlock(nn.Module):
         if self.returns is BlockReturn.WITH_ROUTER_LOGITS and topk.router_logits is not None:  # route() keeps them
             return out, topk.router_logits
         return out
+
+    def _save_to_state_dict(self, destination: object, prefix: str, keep_vars: object) -> None:
+        """Refuse to be saved: the experts are in the backend's layout, not parameters, and a ``state_dict`` without
+        them would save a model that loads with its MoE blocks missing."""
+        raise RuntimeError(
+            f"{prefix.rstrip('.') or 'block'}: a swapped {self.family} block holds its experts in its backend's layout, "
+            "not as parameters; take the model's state_dict before swap_moe_blocks"
+        )
+
+    def _load_from_state_dict(
+        self,
+        state_dict: Mapping[str, object],
+        prefix: str,
+        local_metadata: object,
+        strict: object,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        """Refuse tensors for this block (loading after the swap would leave the converted experts stale)."""
+        ours = [key for key in state_dict if key.startswith(prefix)]
+        if ours:
+            raise RuntimeError(
+                f"{prefix.rstrip('.')}: a swapped {self.family} block cannot take {ours[0]!r} (and {len(ours) - 1} more): "
+                "load the weights before swap_moe_blocks, which converts them once"
+            )
 
     def extra_repr(self) -> str:
         """The family, the layer's sizes and semantics, and the backend chosen."""
