@@ -24,8 +24,27 @@ def test_markdown_prints_a_saved_result(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(sys, "argv", ["bench_moe.py", "--markdown", str(saved)])
     bench_moe.main()
     assert capsys.readouterr().out.splitlines() == [
-        "| shape | T | backend | ms | TFLOP/s | GB/s | roofline | vs grouped_mm | err vs reference |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        "| mixtral | 1 | torch._grouped_mm | 0.3439 | 2.0 | 2049 | 48% | 1.00x | - |",
-        "| mixtral | 1 | triton fp8 static | 0.1204 | 5.9 | 2926 | 68% | 2.86x | 6.6e-02 |",
+        "| shape | T | backend | ms | TFLOP/s | GB/s | roofline | vs grouped_mm | err vs reference | verdict |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| mixtral | 1 | torch._grouped_mm | 0.3439 | 2.0 | 2049 | 48% | 1.00x | - | - |",
+        "| mixtral | 1 | triton fp8 static | 0.1204 | 5.9 | 2926 | 68% | 2.86x | 6.6e-02 | ahead 1.08x |",
     ]
+
+
+@pytest.mark.parametrize(
+    ("backend", "shape", "tokens", "ms", "expected"),
+    [
+        ("triton-dense", "mixtral", 256, 0.81, "behind 0.92x"),
+        ("triton-dense", "qwen3", 16, 0.199, "ahead 1.06x"),
+        ("triton-fp8", "qwen3", 1024, 0.452, "behind 0.60x"),
+        ("triton-nvfp4-w4a16", "mixtral", 1, 0.215, "behind 0.33x"),
+        ("triton-nvfp4-w4a16", "mixtral", 4096, 6.62, "behind 0.99x"),
+        ("triton-nvfp4-w4a16", "mixtral", 4096, 6.0, "ahead 1.09x"),
+        ("torch._grouped_mm", "mixtral", 1, 0.34, "-"),
+        ("triton-dense", "gpt-oss-120b", 1, 0.1, "-"),
+    ],
+)
+def test_verdict_against_the_bar(backend: str, shape: str, tokens: int, ms: float, expected: str) -> None:
+    """The issue's figures are the bar: vLLM bf16 for bf16 rows, vLLM FP8 for FP8 rows, the NVFP4 targets (0.07 ms at
+    Mixtral T=1; 0.85x vLLM bf16's speed in prefill) for NVFP4 W4A16 rows; rows without one get no verdict."""
+    assert bench_moe.verdict({"backend": backend, "shape": shape, "tokens": tokens, "ms": ms}) == expected
