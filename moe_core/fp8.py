@@ -174,7 +174,7 @@ class Fp8ChannelScales(_ScaleGrid):
         return cls._of(scales.value[:, None].expand(scales.num_experts, rows).contiguous())
 
     @classmethod
-    def from_halves(cls, gate: ExpertFp8Scales, up: ExpertFp8Scales, rows: int) -> Fp8ChannelScales:
+    def from_halves(cls, *, gate: ExpertFp8Scales, up: ExpertFp8Scales, rows: int) -> Fp8ChannelScales:
         """The per-tensor scales of w1 and w3 as per-channel ones of the fused ``w13 [E, 2 * rows, H]`` (gate rows
         first), each half's rows taking its own matrix's scale (exact)."""
         return cls._of(torch.cat((cls.from_expert(gate, rows).value, cls.from_expert(up, rows).value), dim=1))
@@ -344,7 +344,7 @@ class Fp8ExpertWeights(_Fp8Stack):
 
 
 @final
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class Fp8GateUpWeights:
     """The fused first GEMM ``w13 [E, 2I, H]`` in FP8: gate (w1) and up (w3) halves, each with its own scales."""
 

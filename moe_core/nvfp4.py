@@ -334,7 +334,7 @@ class GateUpScalePolicy(enum.Enum):
 
 
 @final
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class Nvfp4GateUpWeights:
     """The fused first GEMM ``w13 [E, 2 * I, H]``: gate rows (w1) then up rows (w3).
 

@@ -1,5 +1,8 @@
 """The Triton backend's quant infos, one per weight format, each with its conversion from canonical weights.
 
+MXFP4 (:class:`TritonMxfp4W4A16Weights`) is W4A16 too: the canonical
+codes and E8M0 exponents as they are, and gpt-oss's biases in float32.
+
 W4A16 is not W4A4: :class:`TritonNvfp4W4A16Weights` runs NVFP4 weights with
 bf16/fp16 activations (the input scales of the checkpoint are not used), so
 it is its own type and is converted from the ``NVFP4_W4A16`` format, never
@@ -32,13 +35,15 @@ from moe_core import (
     Fp8MoeWeights,
     Fp8TensorScale,
     LinearBlockScales,
+    Mxfp4MoeWeights,
     Nvfp4ExpertWeights,
     Nvfp4W4A16MoeWeights,
 )
-from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
+from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor, values_readable
 from moe_core.fp8 import FP8_BLOCK
 from moe_core.formats._experts import TensorExperts
 from moe_core.formats.dense import ExpertBiases
+from moe_core.mxfp4 import MXFP4_BLOCK, E8M0Scales
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 """Weight dtypes the dense kernels multiply."""
@@ -189,6 +194,102 @@ class TritonNvfp4W4A16Weights:
         return self.w13_packed.device
 
 
+MXFP4_MAX_EXPONENT = 240
+"""The largest E8M0 exponent the kernels decode (a block scale of ``2 ** 113``): they fold the decode's ``2^14`` into
+the scale, and ``2 ** (e - 113)`` is a float32 up to here. gpt-oss's exponents sit near 127 (scales near 1)."""
+
+
+@final
+@attrs.frozen(eq=False, kw_only=True)
+class TritonMxfp4W4A16Weights:
+    """MXFP4 weights for bf16/fp16 activations, as the kernels read them.
+
+    Packed E2M1 ``[E, rows, cols / 2]`` (the first element of each pair in the
+    low nibble) and their E8M0 exponents ``[E, rows, cols / 32]``, both
+    contiguous, w13's gate rows first; no global scale. Optionally each
+    expert's biases, contiguous float32 (``w13 [E, 2I]``, ``w2 [E, H]``),
+    added in the GEMMs' epilogues. Exponents above :data:`MXFP4_MAX_EXPONENT`
+    are refused (read once, where the values are readable: not on meta).
+    """
+
+    w13_packed: torch.Tensor
+    w13_scales: E8M0Scales
+    w2_packed: torch.Tensor
+    w2_scales: E8M0Scales
+    biases: ExpertBiases | None = None
+    """Added after each GEMM in the kernels' epilogues (gpt-oss); the config's ``expert_biases`` must say so."""
+
+    def __attrs_post_init__(self) -> None:
+        label = "TritonMxfp4W4A16Weights"
+        for name in ("w13_packed", "w2_packed"):
+            _require_kernel_stack(f"{label}.{name}", getattr(self, name), (torch.uint8,))
+        experts, hidden, inter = _expert_dims(self.w13_packed, self.w2_packed, 2)
+        if hidden % MXFP4_BLOCK or inter % MXFP4_BLOCK:
+            raise ValueError(f"{label}: expected hidden and intermediate sizes that are multiples of {MXFP4_BLOCK}, got {(hidden, inter)}")
+        tensors = [("w13_packed", self.w13_packed), ("w2_packed", self.w2_packed)]
+        for name, packed, scales in (("w13", self.w13_packed, self.w13_scales), ("w2", self.w2_packed, self.w2_scales)):
+            expected = (*packed.shape[:2], packed.shape[2] // (MXFP4_BLOCK // 2))
+            if not isinstance(scales, E8M0Scales) or scales.shape != expected:
+                raise ValueError(f"{label}.{name}_scales: expected E8M0Scales of shape {expected}")
+            codes = scales.codes
+            if not codes.is_contiguous():
+                raise ValueError(f"{label}.{name}_scales: expected contiguous exponents")
+            if values_readable(codes) and codes.numel() and int(codes.max()) > MXFP4_MAX_EXPONENT:
+                raise ValueError(
+                    f"{label}.{name}_scales: exponents up to {MXFP4_MAX_EXPONENT} (scales up to 2**113) decode in the "
+                    f"kernels, found {int(codes.max())}"
+                )
+            tensors.append((f"{name}_scales", codes))
+        if self.biases is not None:
+            if not isinstance(self.biases, ExpertBiases):
+                raise TypeError(f"{label}.biases: expected ExpertBiases, got {type(self.biases).__name__}")
+            for name, tensor, shape in (("w13", self.biases.w13, (experts, 2 * inter)), ("w2", self.biases.w2, (experts, hidden))):
+                require_dtype(f"{label}.biases.{name}", tensor, (torch.float32,))
+                if tuple(tensor.shape) != shape or not tensor.is_contiguous():
+                    raise ValueError(f"{label}.biases.{name}: expected a contiguous tensor of shape {shape}, got {tuple(tensor.shape)}")
+                tensors.append((f"biases.{name}", tensor))
+        require_same_device(tensors)
+
+    @classmethod
+    def from_mxfp4(cls, weights: Mxfp4MoeWeights) -> TritonMxfp4W4A16Weights:
+        """The canonical MXFP4 weights as the kernels read them: the same codes and exponents (contiguous), the
+        biases in float32 (exact from bf16)."""
+        biases = weights.biases
+        if biases is not None:
+            biases = ExpertBiases(
+                w13=biases.w13.to(torch.float32).contiguous(), w2=biases.w2.to(torch.float32).contiguous()
+            )
+
+        def exponents(scales: E8M0Scales) -> E8M0Scales:
+            codes = scales.codes
+            return scales if codes.is_contiguous() else E8M0Scales.from_checkpoint(codes.contiguous())
+
+        return cls(
+            w13_packed=weights.w13.packed.contiguous(), w13_scales=exponents(weights.w13.scales),
+            w2_packed=weights.w2.packed.contiguous(), w2_scales=exponents(weights.w2.scales), biases=biases,
+        )
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held."""
+        return int(self.w13_packed.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return 2 * int(self.w13_packed.shape[2])
+
+    @property
+    def intermediate_size(self) -> int:
+        """I."""
+        return int(self.w13_packed.shape[1]) // 2
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.w13_packed.device
+
+
 @final
 @attrs.frozen(eq=False, kw_only=True)
 class StaticFp8Activations:
@@ -301,7 +402,7 @@ class TritonFp8Weights(TensorExperts):
         gate, up = weights.w13.gate, weights.w13.up
         return cls._of(
             w13=torch.cat((gate.codes, up.codes), dim=1).contiguous(),
-            w13_scales=Fp8ChannelScales.from_halves(gate.scales, up.scales, gate.shape[1]),
+            w13_scales=Fp8ChannelScales.from_halves(gate=gate.scales, up=up.scales, rows=gate.shape[1]),
             w2=weights.w2.codes.contiguous(),
             w2_scales=Fp8ChannelScales.from_expert(weights.w2.scales, weights.w2.shape[1]),
             activations=StaticFp8Activations(
