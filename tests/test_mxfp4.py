@@ -33,7 +33,7 @@ from moe_core.config import ClampedSwiglu
 from moe_core.expert_params import ExpertShard
 from moe_core.formats.dense import DenseMoeWeights, ExpertBiases, GateUpLayout
 from moe_core.layer import MoeLayer
-from moe_core.registry import create_runner
+from moe_core.registry import BackendSelectionError, create_runner
 from moe_core.routing import Router, select_experts
 from moe_core.schemes import SCHEMES
 from moe_core.schemes.gpt_oss_mxfp4 import GptOssMxfp4MoE
@@ -185,14 +185,17 @@ def test_the_scheme_names_a_wrong_or_missing_tensor() -> None:
         GptOssMxfp4MoE(MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=64, top_k=2))
 
 
-def test_mxfp4_degrades_to_bf16_where_no_mxfp4_kernel_fits() -> None:
-    """On Hopper the MXFP4 layer runs triton-dense on its bf16 values (named, shown, refused by strict); on the CPU
-    its own oracle."""
+def test_mxfp4_runs_its_own_kernel_on_hopper_and_degrades_to_bf16_by_name() -> None:
+    """On Hopper the MXFP4 layer runs triton-mxfp4-w4a16 (no degradation); triton-dense on its bf16 values stays the
+    fallback (named, shown, refused by strict); on the CPU its own oracle."""
     layer = LayerSpec(MoeRunnerConfig(num_experts=8, hidden_size=2880, intermediate_size_per_partition=2880, top_k=4), MXFP4)
     hopper = choose(MXFP4, DeviceSpec.parse("sm90"), layer)
-    assert hopper.chosen.name == "triton-dense"
-    assert hopper.degradation is not None and hopper.degradation.startswith("mxfp4 -> dense: weights dequantized once")
-    assert choose(MXFP4, DeviceSpec.parse("sm90"), layer, strict=True).chosen.name == "reference-mxfp4"
+    assert hopper.chosen.name == "triton-mxfp4-w4a16" and hopper.degradation is None
+    assert choose(MXFP4, DeviceSpec.parse("sm90"), layer, strict=True).chosen.name == "triton-mxfp4-w4a16"
+    dense = choose(MXFP4, DeviceSpec.parse("sm90"), layer, name="triton-dense")
+    assert dense.degradation is not None and dense.degradation.startswith("mxfp4 -> dense: weights dequantized once")
+    with pytest.raises(BackendSelectionError, match="strict: no degradation"):
+        choose(MXFP4, DeviceSpec.parse("sm90"), layer, name="triton-dense", strict=True)
     assert choose(MXFP4, DeviceSpec.parse("cpu"), layer).chosen.name == "reference-mxfp4"
 
 

@@ -577,10 +577,10 @@ def test_weights_that_disagree_with_the_activation_or_biases_are_refused(gen: to
                            biases=ExpertBiases(w13=kernel_weights.w13[:, :, 0].contiguous(), w2=kernel_weights.w13[:, :3, 0]))
 
 
-def test_gpt_oss_mxfp4_layers_run_on_triton_dense(gen: torch.Generator) -> None:
-    """The issue's layer: gpt-oss (MXFP4 experts, clamped SwiGLU, biases) is chosen for triton-dense on Hopper (its
-    weights dequantized once to bf16, exactly), not for the PyTorch reference; that route, run here under the
-    interpreter, matches the MXFP4 reference (float32 biases: bf16's tolerance covers their rounding)."""
+def test_gpt_oss_mxfp4_layers_run_on_triton_dense_by_name(gen: torch.Generator) -> None:
+    """gpt-oss (MXFP4 experts, clamped SwiGLU, biases) runs on Hopper on triton-mxfp4-w4a16 (tests/test_triton_mxfp4.py),
+    and triton-dense stays its fallback (its weights dequantized once to bf16, exactly): that route, named and run here
+    under the interpreter, matches the MXFP4 reference (float32 biases: bf16's tolerance covers their rounding)."""
     shape = (7, 8, 4, 2880, 2880, 8, 0) if CUDA else (7, 8, 4, 64, 64, 8, 0)
     tokens, experts, top_k, hidden, inter, _, _ = shape
     config = MoeRunnerConfig(
@@ -588,7 +588,7 @@ def test_gpt_oss_mxfp4_layers_run_on_triton_dense(gen: torch.Generator) -> None:
         activation=ClampedSwiglu(alpha=1.702, limit=CLAMP.limit), expert_biases=True,
     )
     layer = LayerSpec(config, MXFP4, torch.bfloat16)
-    assert choose(MXFP4, ON_GPU, layer).chosen.name == "triton-dense"
+    assert choose(MXFP4, ON_GPU, layer).chosen.name == "triton-mxfp4-w4a16"
     w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * (CLAMP_GAIN / math.sqrt(hidden))
     weights = Mxfp4MoeWeights(
         w13=Mxfp4ExpertWeights.quantize(w13.to(DEVICE)),
@@ -599,7 +599,7 @@ def test_gpt_oss_mxfp4_layers_run_on_triton_dense(gen: torch.Generator) -> None:
     x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
     dispatch = StandardDispatchOutput(x.to(DEVICE), select_experts(torch.randn(tokens, experts, generator=gen).to(DEVICE), config))
     device = DeviceSpec.of(DEVICE) if CUDA else ON_GPU
-    route = choose(MXFP4, device, layer).chosen
+    route = choose(MXFP4, device, layer, name="triton-dense").chosen
     assert route.name == "triton-dense" and route.degradation is not None
     out = route.bind(config, weights)(dispatch)
     expected = create_runner(REFERENCE_MXFP4, config).run(dispatch, weights)

@@ -11,8 +11,9 @@ meta tensors with every kernel replaced by a recorder, and each distinct
 launch (its argument types, the integer specializations Triton's launcher
 makes, its constexprs, warps and stages) is compiled once. Block sizes are
 the ones the runners pick on an H200 (the tuned tables, the heuristic for
-untuned shapes), for decode (T=1) and prefill (T=4096, where NVFP4 W4A16
-dequantizes into a workspace and the sort takes three launches).
+untuned shapes), for decode (T=1) and prefill (T=4096, where NVFP4 and
+MXFP4 W4A16 dequantize into a workspace and the sort takes three launches),
+and a table's K tiles that leave a tail (MXFP4: the heuristic's always divide).
 
 Each compiled kernel must also fit the shared memory an sm90 block may use,
 which Triton checks only at launch. Registers and spills are not judged:
@@ -20,7 +21,7 @@ they cost speed, not correctness.
 
 The driver is this module run from the repository root: ``python -m
 tests.test_triton_sm90_compile`` prints one JSON line per variant (add
-``--list`` to record without compiling). 70 variants compile in about 30 s
+``--list`` to record without compiling). 84 variants compile in about 30 s
 on two cores with Triton's cache cold (most of that is ``ptxas``); a warm
 cache (``~/.triton/cache``) makes a rerun a few seconds.
 """
@@ -37,6 +38,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any, cast
 
+import attrs
 import pytest
 import torch
 
@@ -143,6 +145,8 @@ GPT_OSS = (32, 2880, 2880, 4)
 """gpt-oss-20b's experts: untuned (the heuristic's block sizes)."""
 UNEVEN = (8, 1000, 336, 2)
 """K not a multiple of 16: the masked loads (``EVEN_K`` off)."""
+MXFP4_ODD = (8, 1056, 352, 2)
+"""H and I odd multiples of 32: the heuristic's MXFP4 K tiles are 32 (one scale block), a 64 tile leaves a tail."""
 TOKENS = (1, 4096)
 """Decode and prefill."""
 
@@ -234,6 +238,43 @@ def _nvfp4(shape: tuple[int, int, int, int]) -> SimpleNamespace:
     )
 
 
+def _mxfp4(shape: tuple[int, int, int, int], biases: bool) -> SimpleNamespace:
+    experts, hidden, inter, _ = shape
+
+    def exponents(rows: int, cols: int) -> SimpleNamespace:
+        return SimpleNamespace(codes=torch.empty(experts, rows, cols // 32, dtype=torch.uint8, device=META))
+
+    bias = None
+    if biases:
+        bias = SimpleNamespace(w13=torch.empty(experts, 2 * inter, device=META), w2=torch.empty(experts, hidden, device=META))
+    return SimpleNamespace(
+        w13_packed=torch.empty(experts, 2 * inter, hidden // 2, dtype=torch.uint8, device=META),
+        w13_scales=exponents(2 * inter, hidden), w2_packed=torch.empty(experts, hidden, inter // 2, dtype=torch.uint8, device=META),
+        w2_scales=exponents(hidden, inter), biases=bias, **_common(shape),
+    )
+
+
+def _with_block_k(block_k: int, run: Callable[[], object]) -> Callable[[], object]:
+    """``run`` with both GEMMs' K tiles ``block_k`` (as a tuned table may say), the heuristic's other sizes."""
+    from moe_core.backends.triton import runner
+
+    def patched() -> object:
+        original = runner._configs
+
+        def configs(*args: Any) -> tuple[Any, Any]:
+            w13, w2 = original(*args)
+            return attrs.evolve(w13, block_k=block_k), attrs.evolve(w2, block_k=block_k)
+
+        runner._configs = configs  # type: ignore[assignment]
+        try:
+            result = run()
+        finally:
+            runner._configs = original
+        return result
+
+    return patched
+
+
 def scenarios() -> Iterator[tuple[str, Callable[[], object]]]:
     """Each (name, forward): one runner's forward on meta weights and a meta batch (the recorded launches)."""
     from moe_core import Activation, ClampedSwiglu
@@ -253,6 +294,8 @@ def scenarios() -> Iterator[tuple[str, Callable[[], object]]]:
                 return runner.TritonFp8Runner(config).run(dispatch, cast(Any, weights))
             if kind == "fp8-block":
                 return runner.TritonFp8BlockRunner(config).run(dispatch, cast(Any, _fp8_block(shape)))
+            if kind == "mxfp4":
+                return runner.TritonMxfp4W4A16Runner(config).run(dispatch, cast(Any, _mxfp4(shape, biases)))
             return runner.TritonNvfp4W4A16Runner(config).run(dispatch, cast(Any, _nvfp4(shape)))
 
         return run
@@ -268,6 +311,8 @@ def scenarios() -> Iterator[tuple[str, Callable[[], object]]]:
         yield f"fp8 per-channel dynamic T={tokens}", forward("fp8", MIXTRAL, tokens, bf16, Activation.SILU_GATED, static=False)
         yield f"fp8-block T={tokens}", forward("fp8-block", MIXTRAL, tokens, bf16, Activation.SILU_GATED)
         yield f"nvfp4-w4a16 T={tokens}", forward("nvfp4", MIXTRAL, tokens, bf16, Activation.SILU_GATED)
+        yield f"mxfp4-w4a16 clamped_swiglu+biases gpt-oss T={tokens}", forward("mxfp4", GPT_OSS, tokens, bf16, clamped, True)
+        yield f"mxfp4-w4a16 fp16 silu T={tokens}", forward("mxfp4", MIXTRAL, tokens, fp16, Activation.SILU_GATED)
     yield "dense bf16 silu+biases T=1", forward("dense", MIXTRAL, 1, bf16, Activation.SILU_GATED, True)
     yield "dense fp16 clamped_swiglu+biases T=1", forward("dense", GPT_OSS, 1, fp16, clamped, True)
     yield "dense bf16 gelu uneven K T=1", forward("dense", UNEVEN, 1, bf16, Activation.GELU_GATED)
@@ -277,6 +322,8 @@ def scenarios() -> Iterator[tuple[str, Callable[[], object]]]:
     yield "fp8-block clamped_swiglu T=1", forward("fp8-block", MIXTRAL, 1, bf16, clamped)
     yield "nvfp4-w4a16 clamped_swiglu T=1", forward("nvfp4", MIXTRAL, 1, bf16, clamped)
     yield "nvfp4-w4a16 fp16 clamped_swiglu T=4096", forward("nvfp4", MIXTRAL, 4096, fp16, clamped)
+    yield "mxfp4-w4a16 one-block K tiles T=1", forward("mxfp4", MXFP4_ODD, 1, bf16, clamped, True)
+    yield "mxfp4-w4a16 K tail (64-wide tiles) T=1", _with_block_k(64, forward("mxfp4", MXFP4_ODD, 1, bf16, clamped, True))
 
 
 def record() -> dict[str, tuple[Launch, list[str]]]:
@@ -346,13 +393,18 @@ def test_every_launched_variant_compiles_for_sm90() -> None:
     assert result.returncode == 0 and not errors, (errors or result.stderr[-4000:])
     kernels = {line["kernel"].split("[")[0] for line in lines}
     assert kernels >= {
-        "moe_gemm_kernel", "combine_kernel", "dequantize_nvfp4_kernel", "sort_one_program_kernel", "count_kernel",
+        "moe_gemm_kernel", "combine_kernel", "dequantize_nvfp4_kernel", "dequantize_mxfp4_kernel",
+        "sort_one_program_kernel", "count_kernel",
         "scan_kernel", "scatter_kernel", "quantize_rows_kernel", "quantize_groups_kernel",
     }, kernels
     gemms = [line["kernel"] for line in lines if line["kernel"].startswith("moe_gemm_kernel")]
     for flags in ("BIAS=True", "RELU2=True", "ACTIVATION=3", "ACTIVATION=1", "ACTIVATION=2", "NVFP4=True",
-                  "EXPERT_SCALES=True", "FP8_BLOCKS=True", "OUT_FP8=True", "PROMOTE=False", "EVEN_K=False"):
+                  "EXPERT_SCALES=True", "FP8_BLOCKS=True", "OUT_FP8=True", "PROMOTE=False", "EVEN_K=False",
+                  "MXFP4=True"):
         assert any(flags in gemm for gemm in gemms), f"no compiled GEMM variant with {flags}"
+    mxfp4 = [gemm for gemm in gemms if "MXFP4=True" in gemm]
+    for flags in ("EVEN_K=False", "BIAS=True", "ACTIVATION=3", "BLOCK_K=32"):
+        assert any(flags in gemm for gemm in mxfp4), f"no compiled MXFP4 GEMM variant with {flags}"
 
 
 if __name__ == "__main__":

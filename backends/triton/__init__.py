@@ -1,4 +1,4 @@
-"""The Triton fused MoE backend: bf16/fp16 weights, FP8 W8A8, and NVFP4 weights with bf16/fp16 activations (W4A16).
+"""The Triton fused MoE backend: bf16/fp16 weights, FP8 W8A8, and NVFP4 and MXFP4 weights with bf16/fp16 activations (W4A16).
 
 Token sorting (:mod:`.sorting`), the grouped GEMMs with the gated activation
 and the top-k weights fused, and the combine (:mod:`.kernels`) are Triton,
@@ -15,8 +15,10 @@ on CUDA devices of compute capability 8.0 or newer (NVFP4 and FP8: 8.9, for
 the E4M3 conversions and FP8 dot products); block-scaled FP8 needs sizes
 that are multiples of 128. Dense weights may also be non-gated ReLU^2 and
 carry per-expert biases (added in the GEMMs' epilogues); the quantized
-formats hold gate and up halves and no biases, so those layers are refused
-there. On the
+formats hold gate and up halves and (but for MXFP4, gpt-oss's format) no
+biases, so those layers are refused there. MXFP4 (compute capability 8.0:
+bf16 dot products, no FP8) needs hidden and intermediate sizes that are
+multiples of 32, whole E8M0 scale blocks. On the
 CPU, Triton's interpreter (``TRITON_INTERPRET=1``: exact but slow, for
 tests) runs them when chosen by name, never by rank.
 """
@@ -32,6 +34,7 @@ from moe_core import (
     FP8,
     FP8_BLOCK_SCALED,
     FP8_CHANNEL,
+    MXFP4,
     NVFP4_W4A16,
     Activation,
     BackendKey,
@@ -45,10 +48,12 @@ from moe_core.backends.triton.quant_info import (
     TritonDenseWeights,
     TritonFp8BlockWeights,
     TritonFp8Weights,
+    TritonMxfp4W4A16Weights,
     TritonNvfp4W4A16Weights,
 )
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier, interpreter_requested
 from moe_core.formats import fp8_block_size_refusal
+from moe_core.mxfp4 import MXFP4_BLOCK
 
 ACTIVATIONS = (Activation.SILU_GATED, Activation.GELU_GATED, Activation.GELU_TANH_GATED, Activation.RELU2)
 """The parameterless activations the first GEMM's fused epilogue computes; and :class:`~moe_core.ClampedSwiglu`,
@@ -57,6 +62,9 @@ halves)."""
 
 HIDDEN_DTYPES = (torch.bfloat16, torch.float16)
 """Hidden-state dtypes the kernels read and write."""
+
+BIASED_FORMATS = (DENSE, MXFP4)
+"""Formats whose weights may carry per-expert biases (gpt-oss's): the kernels add them in the epilogues."""
 
 INTERPRETER = "Triton's CPU interpreter (TRITON_INTERPRET=1): exact but slow, for tests"
 
@@ -94,7 +102,7 @@ def _layer_reasons(layer: LayerSpec) -> list[str]:
         reasons.append(f"the {layer.format.name} weights are gated (w13 [E, 2I, H]), not {activation.value}")
     if config.routing_method.scales_input:
         reasons.append(f"its kernels weight each expert's output, not its input ({config.routing_method.value} routing)")
-    if config.expert_biases and layer.format is not DENSE:
+    if config.expert_biases and layer.format not in BIASED_FORMATS:
         reasons.append(f"the {layer.format.name} weights hold no expert biases")
     if layer.dtype not in HIDDEN_DTYPES:
         reasons.append(f"takes bf16/fp16 hidden states, not {layer.dtype}")
@@ -102,6 +110,11 @@ def _layer_reasons(layer: LayerSpec) -> list[str]:
         refusal = fp8_block_size_refusal(config.hidden_size, config.intermediate_size_per_partition)
         if refusal is not None:
             reasons.append(refusal)
+    if layer.format is MXFP4:
+        sizes = (config.hidden_size, config.intermediate_size_per_partition)
+        if any(size % MXFP4_BLOCK for size in sizes):
+            reasons.append(f"its MXFP4 tiles hold whole {MXFP4_BLOCK}-element scale blocks: hidden and intermediate sizes "
+                           f"must be multiples of {MXFP4_BLOCK}, got {sizes}")
     return reasons
 
 
@@ -132,6 +145,13 @@ def _nvfp4_w4a16_runner(config: MoeRunnerConfig) -> Runner[TritonNvfp4W4A16Weigh
     from moe_core.backends.triton.runner import TritonNvfp4W4A16Runner
 
     return TritonNvfp4W4A16Runner(config)
+
+
+def _mxfp4_w4a16_runner(config: MoeRunnerConfig) -> Runner[TritonMxfp4W4A16Weights]:
+    """The MXFP4 W4A16 runner, imported on first use so that registering needs no Triton."""
+    from moe_core.backends.triton.runner import TritonMxfp4W4A16Runner
+
+    return TritonMxfp4W4A16Runner(config)
 
 
 def _fp8_runner(config: MoeRunnerConfig) -> Runner[TritonFp8Weights]:
@@ -167,6 +187,18 @@ TRITON_NVFP4_W4A16: BackendKey[TritonNvfp4W4A16Weights] = register_backend(
     conversions=[Conversion(NVFP4_W4A16, TritonNvfp4W4A16Weights.from_nvfp4)],
 )
 """NVFP4 W4A16 experts (the Hopper fallback for NVFP4 checkpoints)."""
+
+TRITON_MXFP4_W4A16: BackendKey[TritonMxfp4W4A16Weights] = register_backend(
+    "triton-mxfp4-w4a16",
+    description="Triton fused MoE, MXFP4 weights (E8M0 scales per 32) dequantized in the kernel, bf16/fp16 activations, "
+    "expert biases",
+    factory=_mxfp4_w4a16_runner,
+    supports=dense_supports,
+    priority=Priority(Tier.KERNEL, order=0),
+    conversions=[Conversion(MXFP4, TritonMxfp4W4A16Weights.from_mxfp4)],
+)
+"""MXFP4 W4A16 experts (gpt-oss: clamped SwiGLU and biases), Hopper's path for MXFP4 checkpoints (ahead of their
+degradation to dense bf16)."""
 
 TRITON_FP8: BackendKey[TritonFp8Weights] = register_backend(
     "triton-fp8",

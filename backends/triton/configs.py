@@ -2,7 +2,7 @@
 
 Tuned tables live in ``configs/<device>.json`` (written by
 ``benchmarks/tune_triton_moe.py``), keyed by the layer's ``E,H,I,top_k,format``
-(``format`` ``bf16``, ``fp16``, ``fp8``, ``fp8-block`` or ``nvfp4``), then by a token count, each entry
+(``format`` ``bf16``, ``fp16``, ``fp8``, ``fp8-block``, ``nvfp4`` or ``mxfp4``), then by a token count, each entry
 holding both GEMMs' configs (``w13`` and ``w2``, one ``block_m``: the tokens
 are sorted once); a call takes the entry of the nearest tuned token count
 within one doubling (:data:`MAX_TUNED_DISTANCE`).
@@ -11,7 +11,8 @@ names another directory of such tables (an engine's own tuning, or a tuning
 run's output), read instead of the package's. Beside each table,
 ``<device>.nvfp4_dequantize.json`` holds the measured token counts (as rows per
 expert) from which NVFP4 W4A16 dequantizes into a workspace
-(:func:`nvfp4_dequantizes`).
+(:func:`nvfp4_dequantizes`), and MXFP4 W4A16's under its own layer keys
+(format ``mxfp4``, :func:`mxfp4_dequantizes`).
 """
 
 from __future__ import annotations
@@ -73,16 +74,16 @@ def _table(device_name: str) -> dict[str, dict[str, dict[str, dict[str, int]]]]:
     return data
 
 
-ONE_BYTE_FORMATS = ("nvfp4", "fp8", "fp8-block")
+ONE_BYTE_FORMATS = ("nvfp4", "mxfp4", "fp8", "fp8-block")
 """Formats whose weights take a byte or less per element: K tiles up to 256 and at least 32 (FP8 dot products need
-K >= 32; NVFP4 tiles hold whole 32-element pairs of blocks)."""
+K >= 32; NVFP4 tiles hold whole 32-element pairs of blocks, MXFP4 tiles whole 32-element blocks)."""
 
 
 def _block_k(k: int, fmt: str, widest: int) -> int:
     """The widest K tile up to ``widest`` that divides ``k``."""
     one_byte = fmt in ONE_BYTE_FORMATS
     smallest = 32 if one_byte else 16
-    block_k = min(widest, 256 if fmt in ("nvfp4", "fp8") else 128)  # a block-scaled tile stays inside its 128 block
+    block_k = min(widest, 256 if fmt in ("nvfp4", "mxfp4", "fp8") else 128)  # a block-scaled tile stays inside its 128 block
     while block_k > smallest and k % block_k:
         block_k //= 2
     return block_k
@@ -128,6 +129,22 @@ def nvfp4_dequantizes(
     """
     measured = None if interpreted else _crossovers(device_name).get(layer_key(experts, hidden, inter, top_k, "nvfp4"))
     return tokens * top_k >= (NVFP4_DEQUANTIZE_ROWS if measured is None else measured) * experts
+
+
+MXFP4_DEQUANTIZE_ROWS = 64
+"""Untuned shapes: from this many rows per local expert on average, MXFP4 W4A16 expands its weights into a bf16
+workspace and runs the 16-bit kernels. Not measured (no GPU when it was written): twice NVFP4's Mixtral crossover,
+inside Qwen3's many-expert range (64-256 rows on the H200), which gpt-oss's layers (32-128 experts, I=2880)
+resemble; the fused path is correct at every count, so a late switch costs only prefill speed, never accuracy."""
+
+
+def mxfp4_dequantizes(
+    device_name: str, tokens: int, top_k: int, experts: int, hidden: int, inter: int, interpreted: bool
+) -> bool:
+    """Whether MXFP4 W4A16 takes the dequantize-then-bf16 path for ``tokens`` over the fused one: the device's
+    measured crossover for this layer (:func:`crossover_file`, format ``mxfp4``), else :data:`MXFP4_DEQUANTIZE_ROWS`."""
+    measured = None if interpreted else _crossovers(device_name).get(layer_key(experts, hidden, inter, top_k, "mxfp4"))
+    return tokens * top_k >= (MXFP4_DEQUANTIZE_ROWS if measured is None else measured) * experts
 
 
 def heuristic(

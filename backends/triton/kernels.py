@@ -16,6 +16,13 @@ constexpr flags:
   scale per 16 elements, dequantized in registers; each half's per-expert
   dequantize-side global scale multiplies the accumulator. Otherwise ``B`` is
   bf16/fp16 or FP8 E4M3 ``[E, N, K]``.
+- ``MXFP4``: ``B`` is packed E2M1 as for ``NVFP4`` with one E8M0 exponent
+  (uint8 ``e``: ``2 ** (e - 127)``) per 32 elements and no global scale;
+  the decoded weights and ``A`` meet in bf16 dot products whatever ``A``'s
+  dtype (fp16 activations are rounded to bf16, as the bf16 weights of the
+  MXFP4 -> dense degradation have them: an MXFP4 product can leave fp16's
+  range). Exponents above 240 are refused when the weights are converted
+  (the decode's ``2 ** (e - 113)`` factor would overflow float32).
 - ``EXPERT_SCALES``: 16-bit ``B`` with each half's per-expert factor on the
   accumulator, as for ``NVFP4``: NVFP4 weights that
   :func:`dequantize_nvfp4_kernel` expanded into a workspace (prefill, where
@@ -41,7 +48,7 @@ constexpr flags:
   at column ``N + n``) is added to the dequantized accumulator, before the
   activation (first GEMM) or the top-k weight (second).
 
-With ``BIAS``, ``RELU2`` and ``ACTIVATION == CLAMPED_SWIGLU`` off, every
+With ``BIAS``, ``RELU2``, ``MXFP4`` and ``ACTIVATION == CLAMPED_SWIGLU`` off, every
 flag's code is what it was before they existed (all are constexpr).
 
 Every program reads its block's expert and rows from :mod:`.sorting`'s
@@ -309,6 +316,38 @@ def dequantize_nvfp4_kernel(
 
 
 @triton.jit
+def _e8m0_times_2_14(exponents):
+    """E8M0 exponents ``e`` (uint8, at most 240) as the float32 ``2 ** (e - 113)``: the block scale ``2 ** (e - 127)``
+    times the ``2^14`` that :func:`_nibbles_over_2_14` takes off, from its bits (a normal float32 for every ``e``
+    up to 240, exactly)."""
+    return ((exponents.to(tl.uint32) + 14) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def dequantize_mxfp4_kernel(
+    packed_ptr, scales_ptr, out_ptr, rows, packed_cols, stride_pr, stride_sr, stride_or,
+    PTX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """``out [rows, 2 * packed_cols] = code * 2 ** (e - 127)`` of packed MXFP4 rows (one E8M0 exponent per 32
+    values), in ``out``'s dtype (bf16: exact wherever the product is a bf16 number, as
+    :meth:`~moe_core.Mxfp4MoeWeights.dequantized_bf16`). One program per ``BLOCK_R`` rows and ``BLOCK_C`` packed
+    bytes (``BLOCK_C`` a multiple of 16)."""
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    blocks = tl.program_id(1) * (BLOCK_C // 16) + tl.arange(0, BLOCK_C // 16)
+    row_ok = (r < rows)[:, None]
+    packed = tl.load(packed_ptr + r[:, None] * stride_pr + c[None, :], mask=row_ok & (c < packed_cols)[None, :], other=0)
+    scales_ok = row_ok & (blocks < packed_cols // 16)[None, :]
+    exponents = tl.load(scales_ptr + r[:, None] * stride_sr + blocks[None, :], mask=scales_ok, other=0)
+    scales = _e8m0_times_2_14(exponents)
+    values = tl.join(_nibbles_over_2_14(packed, False, PTX), _nibbles_over_2_14(packed, True, PTX))
+    values = tl.reshape(values, (BLOCK_R, BLOCK_C // 16, 32)) * scales[:, :, None]
+    cols = tl.program_id(1) * 2 * BLOCK_C + tl.arange(0, 2 * BLOCK_C)
+    out = tl.reshape(values, (BLOCK_R, 2 * BLOCK_C)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + r[:, None] * stride_or + cols[None, :], out, mask=row_ok & (cols < 2 * packed_cols)[None, :])
+
+
+@triton.jit
 def _dense_tile(b_ptr, offs_n, offs_k, k_left, stride_bn, EVEN_K: tl.constexpr):
     """A ``[BLOCK_K, BLOCK_N]`` tile of ``B [N, K]`` at rows ``offs_n``."""
     ptrs = b_ptr + offs_n[None, :] * stride_bn + offs_k[:, None]
@@ -342,6 +381,30 @@ def _nvfp4_tiles(
 
 
 @triton.jit
+def _mxfp4_tiles(
+    packed_ptr, scales_ptr, offs_n, k_start, K, stride_pn, stride_sn, HALF_K: tl.constexpr, EVEN_K: tl.constexpr,
+    PTX: tl.constexpr, dtype
+):
+    """The even- and odd-K ``[BLOCK_K / 2, BLOCK_N]`` tiles of packed MXFP4 ``B``, times their E8M0 block scales."""
+    bytes_k = k_start // 2 + tl.arange(0, HALF_K)
+    blocks = k_start // 32 + tl.arange(0, HALF_K // 16)
+    packed_ptrs = packed_ptr + offs_n[None, :] * stride_pn + bytes_k[:, None]
+    scale_ptrs = scales_ptr + offs_n[None, :] * stride_sn + blocks[:, None]
+    if EVEN_K:
+        packed = tl.load(packed_ptrs)
+        exponents = tl.load(scale_ptrs)
+    else:
+        packed = tl.load(packed_ptrs, mask=bytes_k[:, None] < K // 2, other=0)
+        exponents = tl.load(scale_ptrs, mask=blocks[:, None] < K // 32, other=0)
+    scales = _e8m0_times_2_14(exponents)  # the decode's 2^-14 undone in the per-block factor
+    # one scale per 32 elements: 16 bytes of each column share it
+    scales = tl.reshape(tl.broadcast_to(scales[:, None, :], (HALF_K // 16, 16, scales.shape[1])), (HALF_K, scales.shape[1]))
+    low = (_nibbles_over_2_14(packed, False, PTX) * scales).to(dtype)
+    high = (_nibbles_over_2_14(packed, True, PTX) * scales).to(dtype)
+    return low, high
+
+
+@triton.jit
 def moe_gemm_kernel(
     a_ptr, b_ptr, b_scales_ptr, dequant_ptr, c_ptr, topk_weights_ptr, sorted_ptr, expert_ids_ptr, num_rows_ptr,
     a_scales_ptr, out_scale_ptr, N, K, num_pairs, top_k, max_blocks,
@@ -349,7 +412,7 @@ def moe_gemm_kernel(
     bias_ptr, stride_bias,
     GATED: tl.constexpr, NVFP4: tl.constexpr, EXPERT_SCALES: tl.constexpr, FP8: tl.constexpr, FP8_BLOCKS: tl.constexpr,
     OUT_FP8: tl.constexpr, PROMOTE: tl.constexpr, ACTIVATION: tl.constexpr, UPCAST: tl.constexpr,
-    BIAS: tl.constexpr, RELU2: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr,
+    BIAS: tl.constexpr, RELU2: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr, MXFP4: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """``C[pair] = A[row] @ B[expert].T`` for every sorted pair, see the module docstring."""
@@ -371,8 +434,8 @@ def moe_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     dot_dtype = tl.float32 if UPCAST else b_ptr.dtype.element_ty
-    if NVFP4:
-        dot_dtype = tl.float32 if UPCAST else a_ptr.dtype.element_ty
+    if NVFP4 or MXFP4:
+        dot_dtype = tl.float32 if UPCAST else (tl.bfloat16 if MXFP4 else a_ptr.dtype.element_ty)
         scales_expert = b_scales_ptr + expert * stride_se
         half = tl.arange(0, BLOCK_K // 2)
         for k_start in range(0, K, BLOCK_K):
@@ -385,22 +448,35 @@ def moe_gemm_kernel(
                 inside = even_cols[None, :] < K
                 a_even = tl.load(a_even_ptrs, mask=inside, other=0.0).to(dot_dtype)
                 a_odd = tl.load(a_even_ptrs + 1, mask=inside, other=0.0).to(dot_dtype)
-            low, high = _nvfp4_tiles(
-                b_expert, scales_expert, offs_n, k_start, K, stride_bn, stride_sn, BLOCK_K // 2, EVEN_K, not UPCAST,
-                dot_dtype,
-            )
+            if MXFP4:
+                low, high = _mxfp4_tiles(
+                    b_expert, scales_expert, offs_n, k_start, K, stride_bn, stride_sn, BLOCK_K // 2, EVEN_K,
+                    not UPCAST, dot_dtype,
+                )
+            else:
+                low, high = _nvfp4_tiles(
+                    b_expert, scales_expert, offs_n, k_start, K, stride_bn, stride_sn, BLOCK_K // 2, EVEN_K, not UPCAST,
+                    dot_dtype,
+                )
             acc = tl.dot(a_even, low, acc)
             acc = tl.dot(a_odd, high, acc)
             if GATED:
-                low, high = _nvfp4_tiles(
-                    b_expert, scales_expert, offs_n + N, k_start, K, stride_bn, stride_sn, BLOCK_K // 2, EVEN_K,
-                    not UPCAST, dot_dtype,
-                )
+                if MXFP4:
+                    low, high = _mxfp4_tiles(
+                        b_expert, scales_expert, offs_n + N, k_start, K, stride_bn, stride_sn, BLOCK_K // 2, EVEN_K,
+                        not UPCAST, dot_dtype,
+                    )
+                else:
+                    low, high = _nvfp4_tiles(
+                        b_expert, scales_expert, offs_n + N, k_start, K, stride_bn, stride_sn, BLOCK_K // 2, EVEN_K,
+                        not UPCAST, dot_dtype,
+                    )
                 acc_up = tl.dot(a_even, low, acc_up)
                 acc_up = tl.dot(a_odd, high, acc_up)
-        acc = acc * tl.load(dequant_ptr + expert * stride_de)
-        if GATED:
-            acc_up = acc_up * tl.load(dequant_ptr + expert * stride_de + 1)
+        if NVFP4:  # MXFP4 has no global scale
+            acc = acc * tl.load(dequant_ptr + expert * stride_de)
+            if GATED:
+                acc_up = acc_up * tl.load(dequant_ptr + expert * stride_de + 1)
     else:
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]

@@ -15,13 +15,14 @@ import torch
 
 from moe_core import Activation, ClampedSwiglu, DispatchFormat, DispatchOutput, MoeRunnerConfig, check_run_inputs
 from moe_core.backends.triton import interpreted
-from moe_core.backends.triton.configs import KernelConfig, choose, nvfp4_dequantizes
+from moe_core.backends.triton.configs import KernelConfig, choose, mxfp4_dequantizes, nvfp4_dequantizes
 from moe_core.backends.triton.kernels import (
     CLAMPED_SWIGLU,
     GELU,
     GELU_TANH,
     SILU,
     combine_kernel,
+    dequantize_mxfp4_kernel,
     dequantize_nvfp4_kernel,
     moe_gemm_kernel,
 )
@@ -32,6 +33,7 @@ from moe_core.backends.triton.quant_info import (
     TritonDenseWeights,
     TritonFp8BlockWeights,
     TritonFp8Weights,
+    TritonMxfp4W4A16Weights,
     TritonNvfp4W4A16Weights,
 )
 from moe_core.backends.triton.quantize import LocalPairs, quantize_fp8_groups, quantize_fp8_rows
@@ -51,8 +53,8 @@ def _device_name(device: torch.device) -> str:
 @attrs.frozen(eq=False)
 class Gemm:
     """One grouped GEMM launch's operands: ``B`` (for NVFP4 with its block scales and per-expert dequantize
-    factors, for FP8 with its per-channel scales as ``dequant``), the output columns ``n``, the reduction ``k``
-    and the block sizes."""
+    factors, for MXFP4 with its uint8 E8M0 exponents as ``b_scales`` and no ``dequant``, for FP8 with its
+    per-channel scales as ``dequant``), the output columns ``n``, the reduction ``k`` and the block sizes."""
 
     b: torch.Tensor
     b_scales: torch.Tensor | None
@@ -64,7 +66,8 @@ class Gemm:
     """FP8: add the MMAs into the float32 accumulator every K tile (see :class:`~.quant_info.Fp8Accumulation`)."""
     dequantize: bool = False
     """NVFP4: expand ``B`` to the activations' dtype in one pass (:func:`dequantize_nvfp4`) and run the 16-bit
-    kernel on that workspace; the global scales stay on the accumulator."""
+    kernel on that workspace; the global scales stay on the accumulator. MXFP4: the same into bf16
+    (:func:`dequantize_mxfp4`)."""
     bias: torch.Tensor | None = None
     """Each expert's bias ``[E, rows of B]``, added to the accumulator in the epilogue."""
 
@@ -117,6 +120,22 @@ def dequantize_nvfp4(packed: torch.Tensor, block_scales: torch.Tensor, dtype: to
     return out.view(experts, rows, 2 * packed_cols)
 
 
+def dequantize_mxfp4(packed: torch.Tensor, exponents: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Packed MXFP4 ``[E, rows, cols / 2]`` times its E8M0 scales (uint8 exponents ``[E, rows, cols / 32]``, at most
+    240) as ``[E, rows, cols]`` of ``dtype`` (bf16: exact wherever the product is a bf16 number; for gpt-oss's
+    w13, 32 x 5760 x 2880, a 1.1 GB workspace, taken in turn with w2's)."""
+    experts, rows, packed_cols = (int(d) for d in packed.shape)
+    flat, scales = packed.reshape(experts * rows, packed_cols), exponents.reshape(experts * rows, packed_cols // 16)
+    out = torch.empty((experts * rows, 2 * packed_cols), dtype=dtype, device=packed.device)
+    block_r = 64 if interpreted() else DEQUANTIZE_ROWS
+    block_c = min(DEQUANTIZE_BYTES, max(16, next_power_of_2(packed_cols)))
+    dequantize_mxfp4_kernel[(cdiv(experts * rows, block_r), cdiv(packed_cols, block_c))](
+        flat, scales, out, experts * rows, packed_cols, flat.stride(0), scales.stride(0), out.stride(0),
+        PTX=not interpreted(), BLOCK_R=block_r, BLOCK_C=block_c,
+    )
+    return out.view(experts, rows, 2 * packed_cols)
+
+
 def launch(
     a: torch.Tensor, gemm: Gemm, out: torch.Tensor, topk_weights: torch.Tensor, sorted_tokens: SortedTokens,
     top_k: int, first: bool, epilogue: Epilogue | int, a_scales: torch.Tensor | None = None,
@@ -131,7 +150,11 @@ def launch(
     ``out_scale`` quantizes the gated output to E4M3 (``out`` must then be E4M3).
     """
     if gemm.dequantize and gemm.b_scales is not None:
-        gemm = attrs.evolve(gemm, b=dequantize_nvfp4(gemm.b, gemm.b_scales, a.dtype), b_scales=None, dequantize=False)
+        if gemm.b_scales.dtype == torch.uint8:  # MXFP4's E8M0 exponents: a bf16 workspace, as the fused kernel's dots
+            b = dequantize_mxfp4(gemm.b, gemm.b_scales)
+        else:
+            b = dequantize_nvfp4(gemm.b, gemm.b_scales, a.dtype)
+        gemm = attrs.evolve(gemm, b=b, b_scales=None, dequantize=False)
     config = gemm.config
     grid = (sorted_tokens.max_blocks * cdiv(gemm.n, config.block_n),)
     scales, dequant = gemm.b_scales, gemm.dequant
@@ -144,6 +167,7 @@ def launch(
     gated, relu2 = first and not epilogue.relu2, first and epilogue.relu2
     gate = epilogue if gated else Epilogue(SILU)  # only a gated epilogue reads them: one variant of the others
     bias = gemm.bias
+    mxfp4 = scales is not None and scales.dtype == torch.uint8
     moe_gemm_kernel[grid](
         a, gemm.b, gemm.b if scales is None else scales, topk_weights if dequant is None else dequant,
         out, topk_weights, sorted_tokens.sorted_ids, sorted_tokens.expert_ids, sorted_tokens.num_rows,
@@ -155,12 +179,12 @@ def launch(
         dequant.stride(1) if dequant is not None and dequant.dim() > 1 else 0,
         a_scales.stride(0) if a_scales is not None and a_scales.shape[0] > 1 else 0, out.stride(0),
         topk_weights if bias is None else bias, 0 if bias is None else bias.stride(0),
-        GATED=gated, NVFP4=scales is not None, EXPERT_SCALES=not fp8 and scales is None and dequant is not None,
+        GATED=gated, NVFP4=scales is not None and not mxfp4, EXPERT_SCALES=not fp8 and scales is None and dequant is not None,
         FP8=fp8 and not blocks, FP8_BLOCKS=blocks, OUT_FP8=out_scale is not None,
         PROMOTE=gemm.promote,
         ACTIVATION=gate.activation,
         UPCAST=interpreted(),
-        BIAS=bias is not None, RELU2=relu2, ALPHA=gate.alpha, LIMIT=gate.limit,
+        BIAS=bias is not None, RELU2=relu2, ALPHA=gate.alpha, LIMIT=gate.limit, MXFP4=mxfp4,
         EVEN_K=gemm.k % config.block_k == 0, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
     )
@@ -264,6 +288,22 @@ def nvfp4_w4a16_gemms(
     )
 
 
+def mxfp4_w4a16_gemms(
+    quant_info: TritonMxfp4W4A16Weights, w13: KernelConfig, w2: KernelConfig, dequantize: bool = False
+) -> tuple[Gemm, Gemm]:
+    """The two GEMM launches of MXFP4 W4A16 weights (with their biases, if any) under the given block sizes: fused
+    (decoded per tile) or, with ``dequantize``, each on its weights expanded into a bf16 workspace first."""
+    inter, hidden = quant_info.intermediate_size, quant_info.hidden_size
+    biases = quant_info.biases
+    w13_bias, w2_bias = (None, None) if biases is None else (biases.w13, biases.w2)
+    return (
+        Gemm(quant_info.w13_packed, quant_info.w13_scales.codes, None, inter, hidden, w13, dequantize=dequantize,
+             bias=w13_bias),
+        Gemm(quant_info.w2_packed, quant_info.w2_scales.codes, None, hidden, inter, w2, dequantize=dequantize,
+             bias=w2_bias),
+    )
+
+
 def fp8_gemms(quant_info: TritonFp8Weights, w13: KernelConfig, w2: KernelConfig) -> tuple[Gemm, Gemm]:
     """The two GEMM launches of FP8 weights under the given block sizes."""
     inter, hidden = quant_info.intermediate_size, quant_info.hidden_size
@@ -341,6 +381,35 @@ class TritonNvfp4W4A16Runner:
         else:
             gemms = nvfp4_w4a16_gemms(quant_info, *_configs(self.config, dispatch, "nvfp4"))
         return fused_moe(self.config, dispatch, *gemms)
+
+
+@final
+@attrs.frozen
+class TritonMxfp4W4A16Runner:
+    """MXFP4 weights (E8M0 scales per 32, gpt-oss's biases) with bf16/fp16 activations (W4A16): decoded inside the
+    fused Triton kernels, into a bf16 workspace for the 16-bit kernels from :func:`~.configs.mxfp4_dequantizes`'
+    token count on."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: TritonMxfp4W4A16Weights, /) -> torch.Tensor:
+        """The ``[T, H]`` MoE output in the activations' dtype."""
+        check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
+        config = self.config
+        if not config.activation.gated:
+            raise ValueError(f"config.activation: these weights are gated (w13 [E, 2I, H]), not {config.activation.value}")
+        if (quant_info.biases is not None) != config.expert_biases:
+            carried = "some" if quant_info.biases is not None else "none"
+            raise ValueError(f"quant_info: the config says expert_biases={config.expert_biases}, the weights carry {carried}")
+        hidden = dispatch.hidden_states
+        if mxfp4_dequantizes(
+            _device_name(hidden.device), int(hidden.shape[0]), config.top_k, config.num_local_experts,
+            config.hidden_size, config.intermediate_size_per_partition, interpreted(),
+        ):
+            gemms = mxfp4_w4a16_gemms(quant_info, *_configs(config, dispatch, "bf16"), dequantize=True)
+        else:
+            gemms = mxfp4_w4a16_gemms(quant_info, *_configs(config, dispatch, "mxfp4"))
+        return fused_moe(config, dispatch, *gemms)
 
 
 @final

@@ -11,7 +11,7 @@ MXFP4_TO_BF16: Degradation[Mxfp4MoeWeights, DenseMoeWeights] = Degradation(
     "weights dequantized once to bf16 (exact; 4x the MXFP4 bytes): no MXFP4 kernel fits",
     Mxfp4MoeWeights.dequantized_bf16,
 )
-"""Where no MXFP4 kernel fits (Hopper has none yet), the same values run on a bf16 kernel."""
+"""Where no MXFP4 kernel fits (e.g. a layer triton-mxfp4-w4a16 refuses), the same values run on a bf16 kernel."""
 
 MXFP4: WeightFormat[Mxfp4MoeWeights] = WeightFormat(
     "mxfp4",
