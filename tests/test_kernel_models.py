@@ -20,6 +20,16 @@ for bf16 and NVFP4 experts, the gated activation) in bf16 before going on
 unrounded reference (24 draws); its expected values
 (:func:`cutlass_rounded_reference`) round at the same points, leaving up to
 4.7e-4.
+
+One more difference is not bounded by a tolerance: where a block of the gated
+activation has ``g * amax / 6`` at (or within a few float32 ulps of) an E4M3
+rounding midpoint, the block scale rounds to one neighbour or the other
+depending on GEMM1's float32 evaluation order (the model accumulates in the
+kernel's units, the reference in dequantized ones, and a batched matmul
+rounds a row differently from a lone one), and the whole block's FP4 codes
+follow it: up to ~10% of that token's output (``MOE_CORE_SEED=1707975378``:
+one block at 116 = (112 + 120) / 2, 9.8e-3 of a 37-token batch).
+:func:`trtllm_error` leaves out the tokens with such a block.
 """
 
 from __future__ import annotations
@@ -186,6 +196,42 @@ def nvfp4_reference(config: MoeRunnerConfig, weights: Nvfp4MoeWeights, dispatch:
     return create_runner(REFERENCE_NVFP4, config).run(dispatch, weights)
 
 
+def scale_tie_tokens(config: MoeRunnerConfig, weights: Nvfp4MoeWeights, dispatch: StandardDispatchOutput) -> torch.Tensor:
+    """bool ``[T]``: tokens with a gated-activation block whose E4M3 scale input ``g * amax / 6`` lies within a relative
+    ``4 * H * 2**-24`` of an E4M3 rounding boundary, in the reference's arithmetic.
+
+    Two float32 evaluations of GEMM1 (an ``H``-term dot product each for gate and up, then a few scalar roundings)
+    differ by at most about ``2 * H * 2**-24`` relative where the terms do not cancel, which they do not at a
+    block's largest element; twice that is the margin. Such a block's scale (and so its codes) is either neighbour:
+    both are right. Decided from the reference alone, so a mistake in the code under test cannot hide here; 1 to 2
+    blocks in 1e3 qualify at H = 256, half that at H = 128.
+    """
+    recipe, gs = Nvfp4Recipe(), weights.w2_input_scale.value.reshape(())
+    margin = 4 * config.hidden_size * 2.0**-24
+    hidden, ids = dispatch.hidden_states, dispatch.topk.topk_ids
+    tied = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+    for local in range(config.num_local_experts):
+        tokens = torch.nonzero(ids == config.local_expert_offset + local, as_tuple=True)[0]
+        if tokens.numel() == 0:
+            continue
+        x = recipe.quantize_input(weights, local, hidden[tokens].float())
+        h = config.activation.apply(x @ recipe.gate_up(weights, local).T)
+        pre = gs * (h.reshape(h.shape[0], -1, 16).abs().amax(-1) / 6.0)
+        low, high = ((pre * f).clamp(max=448.0).to(torch.float8_e4m3fn).float() for f in (1 - margin, 1 + margin))
+        tied[tokens[(low != high).any(-1)]] = True
+    return tied
+
+
+def trtllm_error(out: torch.Tensor, config: MoeRunnerConfig, weights: Nvfp4MoeWeights, dispatch: StandardDispatchOutput) -> float:
+    """:func:`relative_error` against ``reference-nvfp4`` over the tokens without an activation scale at a tie
+    (:func:`scale_tie_tokens`; a single token or up to half of them may be left out, 0.0 where none is left)."""
+    tied = scale_tie_tokens(config, weights, dispatch)
+    assert int(tied.sum()) <= max(1, tied.numel() // 2), f"{int(tied.sum())} of {tied.numel()} tokens at a scale tie"
+    if bool(tied.all()):
+        return 0.0
+    return relative_error(out[~tied], nvfp4_reference(config, weights, dispatch)[~tied])
+
+
 def cutlass_rounded_reference(
     recipe: ReferenceRecipe[W], config: MoeRunnerConfig, weights: W, dispatch: StandardDispatchOutput, *, activation_in_bf16: bool
 ) -> torch.Tensor:
@@ -228,7 +274,7 @@ class TestTrtllmFp4:
         kernels = trtllm_model_kernels()
         out = TrtllmFp4Runner(config, kernels=kernels).run(dispatch, TrtllmFp4Weights.from_nvfp4(weights))
         assert out.dtype == dispatch.hidden_states.dtype and out.shape == dispatch.hidden_states.shape
-        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) < TOLERANCE
+        assert trtllm_error(out, config, weights, dispatch) < TOLERANCE
         assert isinstance(kernels.routed_moe, Recorder) and len(kernels.routed_moe.calls) == 1
         if "hidden_states_scale_layout" in inspect.signature(real_routed_moe).parameters:  # 0.7 declares the layout
             assert kernels.routed_moe.calls[0].arguments["hidden_states_scale_layout"] == SfLayout.layout_linear
@@ -245,19 +291,19 @@ class TestTrtllmFp4:
         assert isinstance(kernels.logits_moe, Recorder) and len(kernels.logits_moe.calls) == 1
         expected_method = {RoutingMethod.SOFTMAX_TOPK: RoutingMethodType.Default, RoutingMethod.TOPK_RENORMALIZE: RoutingMethodType.Renormalize}
         assert kernels.logits_moe.calls[0].arguments["routing_method_type"] == expected_method[routing].value
-        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) < ROUTING_TOLERANCE
+        assert trtllm_error(out, config, weights, dispatch) < ROUTING_TOLERANCE
 
     @pytest.mark.parametrize("top_k", range(1, 9))
     def test_every_top_k(self, top_k: int, gen: torch.Generator) -> None:
         config, _, weights, dispatch = layer((13, 8, top_k, 128, 128, 8, 0), gen)
         out = TrtllmFp4Runner(config, kernels=trtllm_model_kernels()).run(dispatch, TrtllmFp4Weights.from_nvfp4(weights))
-        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) < TOLERANCE
+        assert trtllm_error(out, config, weights, dispatch) < TOLERANCE
 
     def test_differing_gate_and_up_scales_stay_exact(self, gen: torch.Generator) -> None:
         config, _, weights, dispatch = layer((37, 8, 2, 256, 128, 8, 0), gen)
         assert not torch.equal(weights.w13.gate.global_scales.value, weights.w13.up.global_scales.value)
         out = TrtllmFp4Runner(config, kernels=trtllm_model_kernels()).run(dispatch, TrtllmFp4Weights.from_nvfp4(weights))
-        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) < TOLERANCE
+        assert trtllm_error(out, config, weights, dispatch) < TOLERANCE
 
     def test_wrong_fc1_half_order_is_caught(self, gen: torch.Generator) -> None:
         config, _, weights, dispatch = layer((37, 8, 2, 256, 128, 8, 0), gen)
@@ -275,7 +321,7 @@ class TestTrtllmFp4:
         kernels = trtllm_model_kernels()
         quant_info = TrtllmFp4Weights.from_nvfp4(weights)
         out = TrtllmFp4Runner(config, kernels=kernels).run(dispatch, quant_info)
-        assert relative_error(out, nvfp4_reference(config, weights, dispatch)) < (ROUTING_TOLERANCE if logits else TOLERANCE)
+        assert trtllm_error(out, config, weights, dispatch) < (ROUTING_TOLERANCE if logits else TOLERANCE)
         recorder = kernels.logits_moe if logits else kernels.routed_moe
         assert isinstance(recorder, Recorder) and len(recorder.calls) == 1
         call = recorder.calls[0]
