@@ -203,8 +203,14 @@ def test_check_reports_faulty_plugins_as_rows_and_exits_1(capsys: pytest.Capture
     rows = table_rows(capsys.readouterr().out)
     assert rows["nvfp4 reference-nvfp4"][-1] == "ok", "the oracle is ours, whatever a plugin registers"
     assert rows["nvfp4 faulty-supports"][-1] == "FAILED: supports check raised RuntimeError: driver probe crashed"
-    assert rows["nvfp4 faulty-broadcast-shape"][-1] == "FAILED: output shape (1, 32), expected (6, 32)"
-    assert rows["nvfp4 faulty-wrong-shape"][-1] == "FAILED: output shape (6, 33), expected (6, 32)"
+    assert rows["nvfp4 faulty-broadcast-shape"][-1] == (
+        "FAILED: RuntimeError: FirstRowRunner.run returned (1, 32) torch.bfloat16 on cpu, not the hidden states' (6, 32) "
+        "torch.bfloat16 on cpu (the Runner contract)"
+    )
+    assert rows["nvfp4 faulty-wrong-shape"][-1] == (
+        "FAILED: RuntimeError: ExtraColumnRunner.run returned (6, 33) torch.bfloat16 on cpu, not the hidden states' "
+        "(6, 32) torch.bfloat16 on cpu (the Runner contract)"
+    )
     assert rows["- entry point half"][-1] == "FAILED: did not load: ImportError: missing its kernel library"
     assert rows["- entry point impostor"][-1].startswith("FAILED: did not load: ValueError")
 
