@@ -21,6 +21,7 @@ sits at ``(m % 32) * 16 + (m // 32) * 4 + k``: 512 bytes a tile.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import final
 
 import attrs
@@ -89,6 +90,10 @@ class LinearBlockScales:
         ``RuntimeError`` at the next read after an in-place write."""
         require_unwritten("LinearBlockScales", self._data, self._writes)
         return self._data
+
+    def __reduce__(self) -> tuple[Callable[[torch.Tensor], LinearBlockScales], tuple[torch.Tensor]]:
+        """Copies and pickles carry the bytes (torch pickles no float8 storage) and rebuild through the checks."""
+        return _linear_from_bytes, (self.data.view(torch.uint8).clone(),)
 
     @classmethod
     def from_checkpoint(cls, data: torch.Tensor) -> LinearBlockScales:
@@ -172,6 +177,10 @@ class SwizzledBlockScales:
         require_unwritten("SwizzledBlockScales", self._tile_bytes, self._writes)
         return self._tile_bytes
 
+    def __reduce__(self) -> tuple[Callable[[torch.Tensor, int, int], SwizzledBlockScales], tuple[torch.Tensor, int, int]]:
+        """Copies and pickles carry the bytes and rebuild through the checks, like :class:`LinearBlockScales`."""
+        return _swizzled_from_bytes, (self._tiles.view(torch.uint8).clone(), self.rows, self.blocks)
+
     @property
     def shape(self) -> tuple[int, ...]:
         """The padded extent ``(..., padded_rows, padded_blocks)``: the logical one at 128-row, 4-block multiples."""
@@ -196,3 +205,13 @@ class SwizzledBlockScales:
         order = (*range(nb), nb, nb + 3, nb + 2, nb + 1, nb + 4)
         linear = tiles.permute(order).reshape(*batch, padded_rows, padded_blocks)
         return LinearBlockScales._of(linear[..., : self.rows, : self.blocks].contiguous().view(torch.float8_e4m3fn))
+
+
+def _linear_from_bytes(data: torch.Tensor) -> LinearBlockScales:
+    """:class:`LinearBlockScales` from its E4M3 bytes (what its copies and pickles carry)."""
+    return LinearBlockScales._of(data.view(torch.float8_e4m3fn))
+
+
+def _swizzled_from_bytes(tiles: torch.Tensor, rows: int, blocks: int) -> SwizzledBlockScales:
+    """:class:`SwizzledBlockScales` from its E4M3 bytes (what its copies and pickles carry)."""
+    return SwizzledBlockScales._of(tiles.view(torch.float8_e4m3fn), rows=rows, blocks=blocks)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import abc
 import enum
 import math
+from collections.abc import Callable
 from typing import final
 
 import attrs
@@ -173,6 +174,11 @@ def _checkpoint_values(cls_name: str, tensor: torch.Tensor, num_experts: int) ->
         raise ValueError(
             f"{name}: got a one-element view into a larger tensor (like per_expert[:1], which takes "
             "expert 0's scale for all); pass the whole tensor and name a policy"
+        )
+    if any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape)):
+        raise ValueError(
+            f"{name}: got a broadcast tensor of shape {tuple(tensor.shape)} (like per_expert[:1].expand(E): one value "
+            "repeated for every expert); pass every expert's own values"
         )
     _require_positive_experts(name, tensor)
     return _per_expert(tensor)
@@ -338,6 +344,11 @@ class _TensorScale:
     @abc.abstractmethod
     def _check(cls, value: torch.Tensor) -> None:
         """Raise naming the class unless ``value`` fits it."""
+
+    def __reduce__(self) -> tuple[Callable[[torch.Tensor], Self], tuple[torch.Tensor]]:
+        """Copies (``copy``, ``deepcopy``) and pickles (``torch.save``) rebuild through :meth:`_of`, with their own
+        write count; a scale written in place is refused here as at any read."""
+        return type(self)._of, (self.value,)
 
     @classmethod
     def _of(cls, value: torch.Tensor) -> Self:

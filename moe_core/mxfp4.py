@@ -14,6 +14,7 @@ value clips, then rounds ``x / scale`` to E2M1 (ties to even).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import final
 
 import attrs
@@ -76,6 +77,10 @@ class E8M0Scales:
         object.__setattr__(scales, "_codes", codes)
         object.__setattr__(scales, "_writes", write_count(codes))
         return scales
+
+    def __reduce__(self) -> tuple[Callable[[torch.Tensor], E8M0Scales], tuple[torch.Tensor]]:
+        """Copies and pickles carry a copy of the exponents and rebuild through the checks."""
+        return E8M0Scales._of, (self.codes.clone(),)
 
     @property
     def codes(self) -> torch.Tensor:

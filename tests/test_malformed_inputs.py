@@ -47,6 +47,8 @@ def test_expert_0s_scale_is_refused_as_the_scalar_for_all(gen: torch.Generator) 
         with pytest.raises(ValueError, match=r"amax: got a one-element view into a larger tensor"):
             QuantizeGlobalScale.from_amax(view)
     assert QuantizeGlobalScale.from_amax(amax.max()).item() == pytest.approx(float(per_expert.min()), rel=1e-6)
+    with pytest.raises(ValueError, match=r"got a broadcast tensor of shape \(8,\) \(like per_expert\[:1\].expand\(E\)"):
+        QuantizeGlobalScale.from_checkpoint(per_expert[:1].expand(8), num_experts=8, policy=ExpertScalePolicy.CONSERVATIVE)
     for copied in (per_expert[:1].clone(), per_expert[:1].float(), per_expert.max().reshape(1), per_expert[:4].clone()):
         with pytest.raises(ValueError, match=r"one row of values per expert of the layer \(dim 0 of size num_experts=8\)"):
             QuantizeGlobalScale.from_checkpoint(copied, num_experts=8, policy=ExpertScalePolicy.CONSERVATIVE)

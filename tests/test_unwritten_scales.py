@@ -9,6 +9,10 @@ class, and so does the layer's forward.
 
 from __future__ import annotations
 
+import copy
+import io
+import pickle
+
 from collections.abc import Callable
 from typing import Protocol
 
@@ -120,3 +124,22 @@ def test_a_layer_whose_scale_was_written_refuses_to_run(gen: torch.Generator) ->
     weights.w13_input_scale.value.mul_(2)
     with pytest.raises(RuntimeError, match="QuantizeGlobalScale: its tensor was written in place"):
         forward(dispatch)
+
+
+def test_copies_and_pickles_rebuild_through_the_checks(gen: torch.Generator) -> None:
+    """``copy``, ``deepcopy``, ``pickle`` and ``torch.save`` of untouched weights run as the original (each copy counts
+    its own writes, float8 block scales travel as bytes); of weights written in place, they refuse like any read."""
+    config = MoeRunnerConfig(num_experts=4, hidden_size=32, intermediate_size_per_partition=16, top_k=2)
+    seed = int(torch.randint(2**31, (1,), generator=gen))
+    weights, dispatch = random_nvfp4_layer(config, 6, torch.float32, torch.device("cpu"), seed)
+    route = choose(NVFP4, DeviceSpec.parse("cpu"), LayerSpec(config, NVFP4)).chosen
+    expected = route.bind(config, weights)(dispatch)
+    saved = io.BytesIO()
+    torch.save(weights, saved)
+    saved.seek(0)
+    copies = [copy.copy(weights), copy.deepcopy(weights), pickle.loads(pickle.dumps(weights)), torch.load(saved, weights_only=False)]
+    for copied in copies:
+        assert torch.equal(route.bind(config, copied)(dispatch), expected)
+    weights.w2.block_scales.data.view(torch.uint8).add_(1)
+    with pytest.raises(RuntimeError, match="LinearBlockScales: its tensor was written in place"):
+        copy.deepcopy(weights)
