@@ -116,7 +116,7 @@ class Priority:
             raise TypeError(f"Priority.order: expected an int, got {self.order!r}")
 
 
-_DESCRIBED = re.compile(r"^sm(?P<major>\d+)(?P<minor>\d)$")
+_DESCRIBED = re.compile(r"^sm(?P<major>[1-9]\d*)(?P<minor>\d)$")
 ARCHITECTURES: frozenset[tuple[int, int]] = frozenset(
     {(7, 0), (7, 5), (8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (10, 1), (10, 3), (11, 0), (12, 0), (12, 1)}
 )
@@ -165,6 +165,28 @@ class DeviceSpec:
     without_packages: frozenset[str] = frozenset()
     triton_interpreter: bool = False
     """Triton's CPU interpreter is on (``TRITON_INTERPRET=1``)."""
+
+    def __attrs_post_init__(self) -> None:
+        """Refuse what describes no device: a kind torch does not know, a described GPU of no CUDA architecture,
+        packages neither moe-core's nor installed here, a package both with and without."""
+        try:
+            torch.device(self.kind)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"DeviceSpec.kind: {self.kind!r} is not a torch device type ({error})") from None
+        if self.capability is not None and not self.live and self.capability not in ARCHITECTURES:
+            known = ", ".join(f"sm{major}{minor}" for major, minor in sorted(ARCHITECTURES))
+            raise ValueError(
+                f"no CUDA GPU is sm{self.capability[0]}{self.capability[1]} (described GPUs: {known})"
+            )
+        for name in sorted(self.with_packages | self.without_packages):
+            if name not in KNOWN_PACKAGES and not _installed(name):
+                raise ValueError(
+                    f"unknown package {name!r} (expected one of {', '.join(sorted(KNOWN_PACKAGES))}, "
+                    "or a package installed here)"
+                )
+        both = self.with_packages & self.without_packages
+        if both:
+            raise ValueError(f"{', '.join(sorted(both))} both with and without")
 
     def has(self, package: str) -> bool:
         """Whether the optional ``package`` (an import name, e.g. ``triton``) is there for this device."""
@@ -234,31 +256,22 @@ class DeviceSpec:
                     f"sm100, sm120), optionally with +package/-package ({error})"
                 ) from None
         named = [(sign, name.lower()) for sign, name in _PACKAGE_TERM.findall(terms)]
-        for _, name in named:
-            if name not in KNOWN_PACKAGES and not _installed(name):
-                raise ValueError(
-                    f"device {text!r}: unknown package {name!r} (expected one of {', '.join(sorted(KNOWN_PACKAGES))}, "
-                    "or a package installed here)"
-                )
         with_packages = frozenset(name for sign, name in named if sign == "+")
         without_packages = frozenset(name for sign, name in named if sign == "-")
-        if with_packages & without_packages:
-            raise ValueError(f"device {text!r}: {', '.join(sorted(with_packages & without_packages))} both with and without")
-        if device is not None:
-            return attrs.evolve(cls.of(device), with_packages=with_packages, without_packages=without_packages)
-        assert described is not None  # one of the two, or raised above
-        capability = (int(described["major"]), int(described["minor"]))
-        if capability not in ARCHITECTURES:
-            known = ", ".join(f"sm{major}{minor}" for major, minor in sorted(ARCHITECTURES))
-            raise ValueError(f"device {text!r}: no CUDA GPU is {base} (described GPUs: {known})")
-        return cls(
-            "cuda",
-            capability,
-            name=f"described as {text}",
-            with_packages=(CUDA_BRINGS - without_packages) | with_packages,
-            without_packages=without_packages,
-            triton_interpreter=interpreter_requested(),
-        )
+        try:
+            if device is not None:
+                return attrs.evolve(cls.of(device), with_packages=with_packages, without_packages=without_packages)
+            assert described is not None  # one of the two, or raised above
+            return cls(
+                "cuda",
+                (int(described["major"]), int(described["minor"])),
+                name=f"described as {text}",
+                with_packages=(CUDA_BRINGS - without_packages) | with_packages,
+                without_packages=without_packages,
+                triton_interpreter=interpreter_requested(),
+            )
+        except ValueError as error:
+            raise ValueError(f"device {text!r}: {error}") from None
 
 
 @final

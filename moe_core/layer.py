@@ -83,6 +83,13 @@ class MoeLayer:
     shared_expert: SharedExpert | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.config.num_local_experts != self.config.num_experts:
+            raise ValueError(
+                f"MoeLayer.config: a layer routes and combines every token in one process, so it holds every expert, "
+                f"got num_local_experts={self.config.num_local_experts} of {self.config.num_experts} (offset "
+                f"{self.config.local_expert_offset}): tokens routed elsewhere would get nothing; split a layer over "
+                "ranks with moe_core.distributed (ExpertParallelMoe)"
+            )
         bound = self.experts.runner.config if isinstance(self.experts, BoundRunner) else None
         if bound is not None and bound != self.config:
             differ = [

@@ -140,6 +140,9 @@ def test_a_layer_refuses_experts_bound_for_another_config(gen: torch.Generator) 
     config = MoeRunnerConfig(E, H, I, K)
     weights = DenseMoeWeights(w13=torch.randn(E, 2 * I, H, generator=gen), w2=torch.randn(E, H, I, generator=gen))
     layer = dense_layer(config, Router(weight=torch.randn(E, H, generator=gen)), weights, dtype=torch.float32)
+    half = attrs.evolve(config, num_local_experts=E // 2)
+    with pytest.raises(ValueError, match=r"MoeLayer.config: a layer routes and combines every token in one process"):
+        dense_layer(half, Router(weight=torch.randn(E, H, generator=gen)), attrs.evolve(weights, w13=weights.w13[: E // 2], w2=weights.w2[: E // 2]), dtype=torch.float32)
     scaled = attrs.evolve(config, routed_scaling_factor=2.5)
     with pytest.raises(ValueError, match=r"MoeLayer.config: the experts were bound for another layer: routed_scaling_factor 2.5 \(experts': 1.0\)"):
         attrs.evolve(layer, config=scaled)

@@ -273,6 +273,14 @@ def test_device_spec_packages_and_refusals() -> None:
     ]:
         with pytest.raises(ValueError, match=re.escape(f"device {typo!r}: {match}")):
             DeviceSpec.parse(typo)
+    with pytest.raises(ValueError, match="device 'sm0100': expected a torch device"):
+        DeviceSpec.parse("sm0100")
+    with pytest.raises(ValueError, match=re.escape("unknown package 'flashinfr'")):
+        DeviceSpec("cuda", (10, 0), with_packages=frozenset({"flashinfr"}))
+    with pytest.raises(ValueError, match=re.escape("no CUDA GPU is sm900")):
+        DeviceSpec("cuda", (90, 0))
+    with pytest.raises(ValueError, match=re.escape("DeviceSpec.kind: 'gpu' is not a torch device type")):
+        DeviceSpec("gpu")
     assert not DeviceSpec.parse("sm90-flashinfer").has("flashinfer")
     with pytest.raises(ValueError, match="device 'sm9x': expected a torch device"):
         DeviceSpec.parse("sm9x")
