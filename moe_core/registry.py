@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Generic, Protocol, TypeVar, final, overload
@@ -410,6 +411,11 @@ _DISCOVERING: list[bool] = []
 first discovery."""
 
 
+_BACKEND_NAME = re.compile(r"[a-z0-9][a-z0-9._+-]*")
+"""Backend names: one spelling each (no case or whitespace variants of another name, which selection by name would
+match instead of the one meant)."""
+
+
 def register_backend(
     name: str,
     *,
@@ -429,8 +435,10 @@ def register_backend(
     canonical format the backend takes (none: callers build its quant info
     themselves). ``moe-core check`` tests the backend on each of them.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name: expected a non-empty str, got {name!r}")
+    if not isinstance(name, str) or not _BACKEND_NAME.fullmatch(name):
+        raise ValueError(
+            f"name: expected lowercase letters, digits, '-', '.', '_' or '+', starting with a letter or digit, got {name!r}"
+        )
     discover_backends()  # moe-core's own names are taken first, also by a plugin that registers before anyone asked
     if name in _REGISTRY:
         raise ValueError(f"name: a backend named {name!r} is already registered")

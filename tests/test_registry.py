@@ -109,8 +109,9 @@ def test_backends_of_different_quant_info_are_chosen_by_name_through_routes(
 def test_names_register_once(third_party_key: BackendKey[ScaledIdentityQuantInfo]) -> None:
     with pytest.raises(ValueError, match="'example-scaled-identity' is already registered"):
         third_party_backend.register()
-    with pytest.raises(ValueError, match="non-empty str"):
-        register_backend("", description="", factory=REFERENCE_DENSE.factory, supports=reference_supports, priority=ORACLE)
+    for spelling in ("", "Reference-Dense", "reference-dense ", " triton-dense", "-dense"):
+        with pytest.raises(ValueError, match="name: expected lowercase letters, digits"):
+            register_backend(spelling, description="", factory=REFERENCE_DENSE.factory, supports=reference_supports, priority=ORACLE)
     with pytest.raises(TypeError, match="priority: expected a Priority, got int"):
         register_backend("x", description="", factory=REFERENCE_DENSE.factory, supports=reference_supports, priority=2)  # type: ignore[arg-type]  # the runtime check under test
 
