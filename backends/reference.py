@@ -123,7 +123,7 @@ REFERENCE_NVFP4_PER_EXPERT: BackendKey[Nvfp4PerExpertMoeWeights] = register_back
     priority=ORACLE,
     conversions=[Conversion(NVFP4_PER_EXPERT, _as_is)],
 )
-"""The oracle of the per-per-expert NVFP4 format."""
+"""The oracle of the per-expert NVFP4 format."""
 
 REFERENCE_FP8: BackendKey[Fp8MoeWeights] = register_backend(
     "reference-fp8",

@@ -15,7 +15,7 @@ import torch
 from moe_core.config import Activation, ClampedSwiglu, ExpertActivation, MoeRunnerConfig
 from moe_core.dispatch import DispatchOutput
 from moe_core.fp8 import Fp8TensorScale, fake_quantize_fp8, fake_quantize_fp8_per_group, fake_quantize_fp8_per_token
-from moe_core.global_scales import ExpertQuantizeGlobalScales, ExpertScalePolicy, QuantizeGlobalScale
+from moe_core.global_scales import QuantizeGlobalScale
 from moe_core.formats import Fp8MoeWeights, Nvfp4PerExpertMoeWeights, Nvfp4MoeWeights
 from moe_core.nvfp4 import quantize_activation
 
@@ -28,11 +28,7 @@ def _nvfp4_round_trip(scale: QuantizeGlobalScale) -> RoundTrip:
     return lambda expert, x: quantize_activation(x.float()[None], scale).dequantize()[0].double()
 
 
-def _nvfp4_expert_round_trip(scales: ExpertQuantizeGlobalScales) -> RoundTrip:
-    own = [
-        QuantizeGlobalScale.from_experts(scales.experts(e, e + 1), policy=ExpertScalePolicy.REQUIRE_EQUAL)
-        for e in range(scales.num_experts)
-    ]
+def _nvfp4_expert_round_trip(own: list[QuantizeGlobalScale]) -> RoundTrip:
     return lambda expert, x: quantize_activation(x.float()[None], own[expert]).dequantize()[0].double()
 
 
@@ -49,7 +45,8 @@ def nvfp4_round_trips(weights: Nvfp4MoeWeights) -> tuple[RoundTrip, RoundTrip]:
 
 def nvfp4_expert_round_trips(weights: Nvfp4PerExpertMoeWeights) -> tuple[RoundTrip, RoundTrip]:
     """Both GEMM inputs' NVFP4 round trips with each local expert's own input scales, by the W4A4 kernels' recipe."""
-    return _nvfp4_expert_round_trip(weights.w13_input_scales), _nvfp4_expert_round_trip(weights.w2_input_scales)
+    own = [weights.own_input_scales(expert) for expert in range(weights.num_experts)]
+    return _nvfp4_expert_round_trip([first for first, _ in own]), _nvfp4_expert_round_trip([second for _, second in own])
 
 
 def fp8_round_trips(weights: Fp8MoeWeights) -> tuple[RoundTrip, RoundTrip]:

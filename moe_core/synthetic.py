@@ -92,7 +92,7 @@ def quantize_nvfp4_per_expert_layer(
     config: MoeRunnerConfig, dense: DenseMoeWeights, dispatch: StandardDispatchOutput
 ) -> Nvfp4PerExpertMoeWeights:
     """``dense`` quantized to NVFP4 with per-expert static input scales, each calibrated on the tokens ``dispatch``
-    routes to its expert, and the layer-wide scalars (the largest amax's) beside them."""
+    routes to its expert (all experts local; the weights derive the layer-wide scalars)."""
     w13 = Nvfp4GateUpWeights.quantize(dense.w13)
     hidden_amax, activation_amax = _expert_input_amax(config, dispatch, w13.dequantize())
     return Nvfp4PerExpertMoeWeights(
@@ -100,8 +100,6 @@ def quantize_nvfp4_per_expert_layer(
         w2=Nvfp4ExpertWeights.quantize(dense.w2),
         w13_input_scales=ExpertQuantizeGlobalScales.from_amax(hidden_amax),
         w2_input_scales=ExpertQuantizeGlobalScales.from_amax(activation_amax),
-        w13_input_scale=QuantizeGlobalScale.from_amax(hidden_amax.max()),
-        w2_input_scale=QuantizeGlobalScale.from_amax(activation_amax.max()),
     )
 
 

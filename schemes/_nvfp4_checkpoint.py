@@ -134,14 +134,6 @@ class _Nvfp4Checkpoint(ExpertScheme[W]):
         )
         return w13, w2
 
-    def _layer_input_scales(self) -> tuple[QuantizeGlobalScale, QuantizeGlobalScale]:
-        """Each GEMM input's scalar over every expert of the layer."""
-        params, policy, experts = self.params, self.input_scale_policy, self.config.num_experts
-        return (
-            self.input_scale(params.gate_up(self.INPUT_SCALE), num_experts=experts, policy=policy),
-            self.input_scale(params.down(self.INPUT_SCALE), num_experts=experts, policy=policy),
-        )
-
 
 class Nvfp4CheckpointScheme(_Nvfp4Checkpoint[Nvfp4MoeWeights]):
     """An NVFP4 W4A4 checkpoint scheme whose GEMM inputs are quantized with one scalar each (what the FP4 kernels take),
@@ -153,16 +145,21 @@ class Nvfp4CheckpointScheme(_Nvfp4Checkpoint[Nvfp4MoeWeights]):
         return NVFP4
 
     def canonical_weights(self) -> Nvfp4MoeWeights:
-        """Canonical NVFP4 weights from the loaded parameters."""
+        """Canonical NVFP4 weights from the loaded parameters: each GEMM input's scalar over every expert of the layer."""
         w13, w2 = self._experts()
-        w13_input_scale, w2_input_scale = self._layer_input_scales()
-        return Nvfp4MoeWeights(w13=w13, w2=w2, w13_input_scale=w13_input_scale, w2_input_scale=w2_input_scale)
+        params, policy, experts = self.params, self.input_scale_policy, self.config.num_experts
+        return Nvfp4MoeWeights(
+            w13=w13,
+            w2=w2,
+            w13_input_scale=self.input_scale(params.gate_up(self.INPUT_SCALE), num_experts=experts, policy=policy),
+            w2_input_scale=self.input_scale(params.down(self.INPUT_SCALE), num_experts=experts, policy=policy),
+        )
 
 
 class Nvfp4PerExpertCheckpointScheme(_Nvfp4Checkpoint[Nvfp4PerExpertMoeWeights]):
     """An NVFP4 W4A4 checkpoint scheme whose GEMM inputs are quantized per expert, each with the scale calibrated on
-    that expert's own inputs (an expert far below the others keeps its inputs); the layer-wide scalars ride along for
-    one-scalar kernels, reached through the format's named degradation."""
+    that expert's own inputs (an expert far below the others keeps its inputs); one-scalar kernels run it through the
+    format's named degradation, with scalars derived from every expert of the layer."""
 
     @classmethod
     def source_format(cls) -> WeightFormat[Nvfp4PerExpertMoeWeights]:
@@ -170,24 +167,22 @@ class Nvfp4PerExpertCheckpointScheme(_Nvfp4Checkpoint[Nvfp4PerExpertMoeWeights])
         return NVFP4_PER_EXPERT
 
     def canonical_weights(self) -> Nvfp4PerExpertMoeWeights:
-        """Canonical per-per-expert NVFP4 weights: this rank's experts' own input scales, the layer's scalars."""
+        """Canonical per-expert NVFP4 weights: this rank's experts, every expert's own input scales (the weights derive
+        the layer-wide scalars from them)."""
         w13, w2 = self._experts()
-        w13_input_scale, w2_input_scale = self._layer_input_scales()
         params, policy = self.params, self.input_scale_policy
-        start = self.config.local_expert_offset
-        stop = start + self.config.num_local_experts
 
-        def own(values: torch.Tensor) -> ExpertQuantizeGlobalScales:
+        def every(values: torch.Tensor) -> ExpertQuantizeGlobalScales:
             shards = values.reshape(values.shape[0], -1).contiguous()
-            return self.expert_input_scales(shards, policy=policy).experts(start, stop)
+            return self.expert_input_scales(shards, policy=policy)
 
         return Nvfp4PerExpertMoeWeights(
             w13=w13,
             w2=w2,
-            w13_input_scales=own(params.gate_up(self.INPUT_SCALE)),
-            w2_input_scales=own(params.down(self.INPUT_SCALE)),
-            w13_input_scale=w13_input_scale,
-            w2_input_scale=w2_input_scale,
+            w13_input_scales=every(params.gate_up(self.INPUT_SCALE)),
+            w2_input_scales=every(params.down(self.INPUT_SCALE)),
+            local_expert_offset=self.config.local_expert_offset,
+            policy=policy,
         )
 
 

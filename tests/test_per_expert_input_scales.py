@@ -24,7 +24,6 @@ from moe_core import (
     LayerSpec,
     MoeRunnerConfig,
     Nvfp4PerExpertMoeWeights,
-    QuantizeGlobalScale,
     StandardDispatchOutput,
     TopKOutput,
     select_experts,
@@ -57,7 +56,7 @@ CHECKPOINTS = [
 
 
 def load(directory: Path, scheme_class: SchemeClass, config: MoeRunnerConfig | None = None) -> Nvfp4PerExpertMoeWeights:
-    """Layer 0's canonical weights through the per-per-expert scheme (``config``: this rank's view)."""
+    """Layer 0's canonical weights through the per-expert scheme (``config``: this rank's view)."""
     checkpoint = MoeCheckpoint(directory)
     scheme = checkpoint.load_into(0, scheme_class(config or checkpoint.runner_config()), keep_canonical=True)
     assert scheme.weights is not None
@@ -114,8 +113,8 @@ def test_the_tiny_expert_keeps_its_inputs_with_its_own_scale(gen: torch.Generato
 
 @pytest.mark.parametrize(("directory", "scheme_class"), CHECKPOINTS)
 def test_every_split_over_ranks_holds_the_same_scales(directory: Path, scheme_class: SchemeClass) -> None:
-    """Over 1, 2 and 4 ranks: each rank's own scales are its experts' rows of the whole layer's (bit for bit), and
-    the layer-wide scalars are the same on every rank."""
+    """Over 1, 2 and 4 ranks: every rank holds every expert's input scales (bit for bit the whole layer's), its own
+    experts' as its own, and the same layer-wide scalars."""
     whole = load(directory, scheme_class)
     config = MoeCheckpoint(directory).runner_config()
     for ranks in (2, 4):
@@ -123,9 +122,11 @@ def test_every_split_over_ranks_holds_the_same_scales(directory: Path, scheme_cl
         for rank in range(ranks):
             local = attrs.evolve(config, num_local_experts=per_rank, local_expert_offset=rank * per_rank)
             part = load(directory, scheme_class, local)
-            experts = slice(rank * per_rank, (rank + 1) * per_rank)
-            for mine, all_of in ((part.w13_input_scales, whole.w13_input_scales), (part.w2_input_scales, whole.w2_input_scales)):
-                assert torch.equal(mine.value, all_of.value[experts])
+            assert torch.equal(part.w13_input_scales.value, whole.w13_input_scales.value)
+            assert torch.equal(part.w2_input_scales.value, whole.w2_input_scales.value)
+            for expert in range(per_rank):
+                mine, theirs = part.own_input_scales(expert), whole.own_input_scales(rank * per_rank + expert)
+                assert [scale.item() for scale in mine] == [scale.item() for scale in theirs]
             assert torch.equal(part.w13_input_scale.value, whole.w13_input_scale.value)
             assert torch.equal(part.w2_input_scale.value, whole.w2_input_scale.value)
 
@@ -157,15 +158,21 @@ def test_random_layer_oracle_matches_float64(gen: torch.Generator) -> None:
     assert relative_error(out, expected) < BF16_OUTPUT
 
 
-def test_weights_refuse_a_scalar_above_an_experts_own_and_a_wrong_count(gen: torch.Generator) -> None:
+def test_the_layer_scalars_come_from_every_expert_and_the_counts_must_agree(gen: torch.Generator) -> None:
+    """The scalars one-scalar kernels take are derived from every expert's scale under the policy (a rank's own, or
+    a value from elsewhere, cannot stand in); the two GEMMs' scales cover the same experts, and this rank's are
+    among them."""
     config = MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=32, top_k=2)
     dense, dispatch = random_dense_layer(config, 24, torch.bfloat16, torch.device("cpu"), int(torch.randint(2**31, (1,), generator=gen)))
     weights = quantize_nvfp4_per_expert_layer(config, dense, dispatch)
-    too_large = QuantizeGlobalScale.from_amax(float(2688 / weights.w13_input_scales.value.min()) / 2)
-    with pytest.raises(ValueError, match=r"w13_input_scale: expected the layer's conservative scalar .* above local expert"):
-        attrs.evolve(weights, w13_input_scale=too_large)
-    with pytest.raises(ValueError, match=re.escape("w2_input_scales: expected one scale per local expert (4), got 2")):
+    assert weights.w13_input_scale.item() == float(weights.w13_input_scales.value.min())
+    assert weights.w2_input_scale.item() == float(weights.w2_input_scales.value.min())
+    with pytest.raises(ValueError, match=re.escape("w2_input_scales: expected one scale per expert of the layer like w13_input_scales (4), got 2")):
         attrs.evolve(weights, w2_input_scales=weights.w2_input_scales.experts(0, 2))
+    with pytest.raises(ValueError, match=re.escape("experts [1, 5) are not all among the layer's 4")):
+        attrs.evolve(weights, local_expert_offset=1)
+    with pytest.raises(ValueError, match="experts disagree"):
+        attrs.evolve(weights, policy=ExpertScalePolicy.REQUIRE_EQUAL)
 
 
 def test_shards_of_one_expert_collapse_under_the_policy() -> None:

@@ -1,4 +1,4 @@
-"""The per-per-expert NVFP4 W4A4 format's reference: the NVFP4 W4A4 reference, each local expert's GEMM inputs
+"""The per-expert NVFP4 W4A4 format's reference: the NVFP4 W4A4 reference, each local expert's GEMM inputs
 quantized (by the kernels' recipe) with that expert's own input scale."""
 
 from __future__ import annotations
@@ -10,12 +10,6 @@ import torch
 
 from moe_core.formats.nvfp4.reference import fake_quantize_nvfp4
 from moe_core.formats.nvfp4_per_expert.weights import Nvfp4PerExpertMoeWeights
-from moe_core.global_scales import ExpertQuantizeGlobalScales, ExpertScalePolicy, QuantizeGlobalScale
-
-
-def _own(scales: ExpertQuantizeGlobalScales, expert: int) -> QuantizeGlobalScale:
-    """Local expert ``expert``'s own scale, as the scalar its rows are quantized with."""
-    return QuantizeGlobalScale.from_experts(scales.experts(expert, expert + 1), policy=ExpertScalePolicy.REQUIRE_EQUAL)
 
 
 @final
@@ -33,8 +27,8 @@ class Nvfp4PerExpertRecipe:
 
     def quantize_input(self, weights: Nvfp4PerExpertMoeWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
         """An NVFP4 round trip with this expert's first-GEMM input scale."""
-        return fake_quantize_nvfp4(x, _own(weights.w13_input_scales, expert))
+        return fake_quantize_nvfp4(x, weights.own_input_scales(expert)[0])
 
     def quantize_hidden(self, weights: Nvfp4PerExpertMoeWeights, expert: int, h: torch.Tensor) -> torch.Tensor:
         """An NVFP4 round trip with this expert's second-GEMM input scale."""
-        return fake_quantize_nvfp4(h, _own(weights.w2_input_scales, expert))
+        return fake_quantize_nvfp4(h, weights.own_input_scales(expert)[1])

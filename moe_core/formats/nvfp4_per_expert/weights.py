@@ -7,27 +7,13 @@ from typing import final
 import attrs
 import torch
 
-from moe_core._checks import require_same_device, values_readable
+from moe_core._checks import require_int, require_same_device
 from moe_core.formats._experts import ExpertSizes, check_expert_shapes
 from moe_core.formats.dense.weights import DenseMoeWeights
 from moe_core.formats.nvfp4.weights import Nvfp4MoeWeights
 from moe_core.formats.nvfp4_w4a16.weights import Nvfp4W4A16MoeWeights
-from moe_core.global_scales import ExpertQuantizeGlobalScales, QuantizeGlobalScale
+from moe_core.global_scales import ExpertQuantizeGlobalScales, ExpertScalePolicy, QuantizeGlobalScale
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights
-
-
-def _require_not_above(name: str, scalar: QuantizeGlobalScale, experts: ExpertQuantizeGlobalScales) -> None:
-    """Refuse a layer-wide scalar above an expert's own quantize-side scale: the collapse is conservative (the
-    smallest over the layer's experts), so a larger one was not made from these experts' values and would clip."""
-    if not (values_readable(scalar.value) and values_readable(experts.value)):
-        return
-    above = torch.nonzero(experts.value.to(scalar.value.device) < scalar.value)
-    if above.shape[0]:
-        expert = int(above[0])
-        raise ValueError(
-            f"Nvfp4PerExpertMoeWeights.{name}: expected the layer's conservative scalar (at most every expert's own "
-            f"quantize-side scale), got {scalar.item():.6g} above local expert {expert}'s {float(experts.value[expert]):.6g}"
-        )
 
 
 @final
@@ -37,20 +23,27 @@ class Nvfp4PerExpertMoeWeights(ExpertSizes):
 
     A layer-wide scalar leaves an expert calibrated on small inputs to the
     others' scale: its block scales coarsen, or round to zero and its inputs
-    with them. Here each local expert keeps its own (``w13_input_scales``,
-    ``w2_input_scales``, ``[local experts]``, quantize side). The layer-wide
-    conservative scalars (over every expert of the layer, whatever a rank
-    holds) ride along for kernels that take one: the format degrades to
-    :class:`~moe_core.formats.nvfp4.Nvfp4MoeWeights` with them, by name.
+    with them. Here each expert keeps its own. The input scales cover every
+    expert of the layer (``[num_experts]``, quantize side), the codes only this
+    rank's (``local_expert_offset`` on): so the layer-wide scalars, for kernels
+    that take one per GEMM input (the format's named degradation to
+    :class:`~moe_core.formats.nvfp4.Nvfp4MoeWeights`), are derived here from
+    every expert under ``policy``, and cannot come from some of them.
     """
 
     w13: Nvfp4GateUpWeights
     w2: Nvfp4ExpertWeights
     w13_input_scales: ExpertQuantizeGlobalScales
+    """The first GEMM's input scale of every expert of the layer."""
     w2_input_scales: ExpertQuantizeGlobalScales
-    w13_input_scale: QuantizeGlobalScale
-    """The first GEMM's input scale collapsed over every expert of the layer (for one-scalar kernels)."""
-    w2_input_scale: QuantizeGlobalScale
+    """The second GEMM's, likewise."""
+    local_expert_offset: int = 0
+    """The layer's expert that is this rank's first (``w13``/``w2`` hold the experts from here on)."""
+    policy: ExpertScalePolicy = ExpertScalePolicy.CONSERVATIVE
+    """How every expert's input scale becomes the layer-wide scalar."""
+    w13_input_scale: QuantizeGlobalScale = attrs.field(init=False)
+    """The first GEMM's layer-wide scalar, derived from every expert under ``policy``."""
+    w2_input_scale: QuantizeGlobalScale = attrs.field(init=False)
     """The second GEMM's, likewise."""
 
     def __attrs_post_init__(self) -> None:
@@ -60,34 +53,48 @@ class Nvfp4PerExpertMoeWeights(ExpertSizes):
         if not isinstance(self.w2, Nvfp4ExpertWeights):
             raise TypeError(f"{name}.w2: expected Nvfp4ExpertWeights, got {type(self.w2).__name__}")
         check_expert_shapes(name, self.w13.shape, self.w2.shape)
-        for field, experts, scalar in (
-            ("w13_input_scales", self.w13_input_scales, self.w13_input_scale),
-            ("w2_input_scales", self.w2_input_scales, self.w2_input_scale),
-        ):
-            if not isinstance(experts, ExpertQuantizeGlobalScales):
-                raise TypeError(f"{name}.{field}: expected ExpertQuantizeGlobalScales, got {type(experts).__name__}")
-            if not isinstance(scalar, QuantizeGlobalScale):
-                raise TypeError(f"{name}.{field[:-1]}: expected QuantizeGlobalScale, got {type(scalar).__name__}")
-            if experts.num_experts != self.num_experts:
-                raise ValueError(
-                    f"{name}.{field}: expected one scale per local expert ({self.num_experts}), got {experts.num_experts}"
-                )
-            _require_not_above(field[:-1], scalar, experts)
+        require_int(f"{name}.local_expert_offset", self.local_expert_offset, minimum=0)
+        for field in ("w13_input_scales", "w2_input_scales"):
+            scales = getattr(self, field)
+            if not isinstance(scales, ExpertQuantizeGlobalScales):
+                raise TypeError(f"{name}.{field}: expected ExpertQuantizeGlobalScales, got {type(scales).__name__}")
+        layer = self.w13_input_scales.num_experts
+        if self.w2_input_scales.num_experts != layer:
+            raise ValueError(
+                f"{name}.w2_input_scales: expected one scale per expert of the layer like w13_input_scales ({layer}), "
+                f"got {self.w2_input_scales.num_experts}"
+            )
+        if self.local_expert_offset + self.num_experts > layer:
+            raise ValueError(
+                f"{name}: experts [{self.local_expert_offset}, {self.local_expert_offset + self.num_experts}) are "
+                f"not all among the layer's {layer} that the input scales cover (they cover every expert of the layer)"
+            )
         require_same_device(
             [
                 ("w13", self.w13.gate.packed),
                 ("w2", self.w2.packed),
                 ("w13_input_scales", self.w13_input_scales.value),
                 ("w2_input_scales", self.w2_input_scales.value),
-                ("w13_input_scale", self.w13_input_scale.value),
-                ("w2_input_scale", self.w2_input_scale.value),
             ]
         )
+        for field, scales in (("w13_input_scale", self.w13_input_scales), ("w2_input_scale", self.w2_input_scales)):
+            object.__setattr__(self, field, QuantizeGlobalScale.from_experts(scales, policy=self.policy))
 
     @property
     def device(self) -> torch.device:
         """Where the weights live."""
         return self.w2.packed.device
+
+    def own_input_scales(self, expert: int) -> tuple[QuantizeGlobalScale, QuantizeGlobalScale]:
+        """Local expert ``expert``'s own input scales of both GEMMs, as the scalars its rows are quantized with."""
+        if isinstance(expert, bool) or not 0 <= expert < self.num_experts:
+            raise ValueError(f"expert: expected a local expert 0 <= expert < {self.num_experts}, got {expert}")
+        index = self.local_expert_offset + expert
+
+        def own(scales: ExpertQuantizeGlobalScales) -> QuantizeGlobalScale:
+            return QuantizeGlobalScale.from_experts(scales.experts(index, index + 1), policy=ExpertScalePolicy.REQUIRE_EQUAL)
+
+        return own(self.w13_input_scales), own(self.w2_input_scales)
 
     def to(self, device: torch.device | str) -> Nvfp4PerExpertMoeWeights:
         """The same weights and scales on ``device``."""
@@ -96,8 +103,8 @@ class Nvfp4PerExpertMoeWeights(ExpertSizes):
             w2=self.w2.to(device),
             w13_input_scales=self.w13_input_scales.to(device),
             w2_input_scales=self.w2_input_scales.to(device),
-            w13_input_scale=self.w13_input_scale.to(device),
-            w2_input_scale=self.w2_input_scale.to(device),
+            local_expert_offset=self.local_expert_offset,
+            policy=self.policy,
         )
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> DenseMoeWeights:
