@@ -42,6 +42,7 @@ from moe_core.backends.triton.quant_info import (  # noqa: E402
     TritonNvfp4W4A16Weights,
 )
 from moe_core.backends.triton.runner import (  # noqa: E402
+    Epilogue,
     Gemm,
     dense_gemms,
     fp8_block_gemms,
@@ -52,6 +53,10 @@ from moe_core.backends.triton.runner import (  # noqa: E402
 from moe_core.backends.triton.sorting import SortedTokens  # noqa: E402
 from moe_core.fp8 import FP8_BLOCK  # noqa: E402
 from moe_core.backends.triton.sorting import sort_tokens  # noqa: E402
+from moe_core.backends.triton.kernels import SILU  # noqa: E402
+
+SILU_EPILOGUE = Epilogue(SILU)
+"""The tuned layers' activation (gated SiLU): one epilogue variant, the block sizes' cost."""
 
 
 def candidates(rows_per_expert: float, k: int, fmt: str) -> dict[int, list[KernelConfig]]:
@@ -140,12 +145,12 @@ class GemmCase:
     def first(self, c: KernelConfig, sorted_tokens: SortedTokens) -> None:
         """The gated w13 GEMM."""
         top_k = self.topk_ids.shape[1]
-        launch(self.x, self.gemm(0, c), self.inter_out, self.weights, sorted_tokens, top_k, True, 0, self.x_scales, self.out_scale)
+        launch(self.x, self.gemm(0, c), self.inter_out, self.weights, sorted_tokens, top_k, True, SILU_EPILOGUE, self.x_scales, self.out_scale)
 
     def second(self, c: KernelConfig, sorted_tokens: SortedTokens) -> None:
         """The w2 GEMM weighted by the top-k weights."""
         top_k = self.topk_ids.shape[1]
-        launch(self.inter_in, self.gemm(1, c), self.down, self.weights, sorted_tokens, top_k, False, 0, self.inter_scales)
+        launch(self.inter_in, self.gemm(1, c), self.down, self.weights, sorted_tokens, top_k, False, SILU_EPILOGUE, self.inter_scales)
 
 
 def gemm_case(fmt: str, gemm: GemmFor, config: MoeRunnerConfig, tokens: int, gen: torch.Generator, device: str) -> GemmCase:

@@ -138,12 +138,11 @@ def dequantize_mxfp4(packed: torch.Tensor, exponents: torch.Tensor, dtype: torch
 
 def launch(
     a: torch.Tensor, gemm: Gemm, out: torch.Tensor, topk_weights: torch.Tensor, sorted_tokens: SortedTokens,
-    top_k: int, first: bool, epilogue: Epilogue | int, a_scales: torch.Tensor | None = None,
+    top_k: int, first: bool, epilogue: Epilogue, a_scales: torch.Tensor | None = None,
     out_scale: torch.Tensor | None = None,
 ) -> None:
     """Launch the grouped GEMM: the ``first`` (its rows tokens, ``epilogue``'s activation: gated, or ReLU^2 of a
-    non-gated ``B``; an int is a gated activation's code, ``Epilogue(code)``) or the second (weighted by the top-k
-    weights); ``gemm.bias`` added to the accumulator.
+    non-gated ``B``) or the second (weighted by the top-k weights); ``gemm.bias`` added to the accumulator.
 
     FP8 (``B`` E4M3): ``a_scales`` dequantizes ``a``'s rows (``[rows]``, or
     ``[1]`` for one static scale; with block-scaled ``B``, ``[rows, K / 128]``);
@@ -162,8 +161,6 @@ def launch(
     blocks = fp8 and dequant is not None and dequant.dim() == 3
     if fp8 and a_scales is None:
         raise ValueError("launch: FP8 weights need the scales of their FP8 input rows")
-    if isinstance(epilogue, int):
-        epilogue = Epilogue(epilogue)
     gated, relu2 = first and not epilogue.relu2, first and epilogue.relu2
     gate = epilogue if gated else Epilogue(SILU)  # only a gated epilogue reads them: one variant of the others
     bias = gemm.bias
