@@ -80,7 +80,7 @@ class Fp8TensorScale(_ScalarScale):
         """The scalar from the checkpoint values of all ``num_experts`` experts (``[E]``, ``[E, 2]``); several become
         one under ``policy`` (conservative: the largest)."""
         values = _checkpoint_values(cls.__name__, tensor, num_experts)
-        return cls._of(_collapse(cls.__name__, values, policy, values.max()))
+        return cls._of(_collapse(cls.__name__, values, policy, values.max()), num_experts)
 
 
 def _require_weight_scale(name: str, tensor: torch.Tensor) -> None:

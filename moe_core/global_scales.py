@@ -345,7 +345,7 @@ class _TensorScale:
     def _check(cls, value: torch.Tensor) -> None:
         """Raise naming the class unless ``value`` fits it."""
 
-    def __reduce__(self) -> tuple[Callable[[torch.Tensor], Self], tuple[torch.Tensor]]:
+    def __reduce__(self) -> tuple[Callable[..., Self], tuple[object, ...]]:
         """Copies (``copy``, ``deepcopy``) and pickles (``torch.save``) rebuild through :meth:`_of`, with their own
         write count; a scale written in place is refused here as at any read."""
         return type(self)._of, (self.value,)
@@ -363,15 +363,35 @@ class _TensorScale:
 
 @attrs.frozen(eq=False)
 class _ScalarScale(_TensorScale):
-    """A float32 ``[1]`` scale."""
+    """A float32 ``[1]`` scale, and how many experts' values it was collapsed from (:attr:`experts`)."""
+
+    _experts: int | None = attrs.field(init=False, repr=False)
 
     @classmethod
     def _check(cls, value: torch.Tensor) -> None:
         _check_values(cls.__name__, value, scalar=True)
 
+    @classmethod
+    def _of(cls, value: torch.Tensor, experts: int | None = None) -> Self:
+        """As :meth:`_TensorScale._of`, recording the count of experts ``value`` was collapsed from (None: none)."""
+        scale = super()._of(value)
+        object.__setattr__(scale, "_experts", experts)
+        return scale
+
+    def __reduce__(self) -> tuple[Callable[..., Self], tuple[object, ...]]:
+        """Copies and pickles rebuild through :meth:`_of`, keeping :attr:`experts`."""
+        return type(self)._of, (self.value, self._experts)
+
+    @property
+    def experts(self) -> int | None:
+        """How many experts' checkpoint values it was collapsed from (``from_checkpoint``'s ``num_experts``,
+        ``from_experts``' count), checked against the layer's where it is bound (:func:`require_layer_experts`);
+        None for a value given for the whole layer (``from_amax``)."""
+        return self._experts
+
     def to(self, device: torch.device | str) -> Self:
         """The same scale with its tensor on ``device``."""
-        return self._of(self.value.to(device))
+        return self._of(self.value.to(device), self._experts)
 
     def item(self) -> float:
         """The scale as a Python float (synchronizes with the device)."""
@@ -439,14 +459,14 @@ class QuantizeGlobalScale(_ScalarScale):
         """
         values = _checkpoint_values(cls.__name__, tensor, num_experts)
         _require_convention(f"{cls.__name__}.from_checkpoint", values, quantize_side=True)
-        return cls._of(_collapse_global_scales(cls.__name__, values, policy, quantize_side=True))
+        return cls._of(_collapse_global_scales(cls.__name__, values, policy, quantize_side=True), num_experts)
 
     @classmethod
     def from_dequantize(cls, scale: DequantizeGlobalScale) -> QuantizeGlobalScale:
         """Convert a dequantize-side scale (its reciprocal)."""
         if not isinstance(scale, DequantizeGlobalScale):
             raise TypeError(f"scale: expected a DequantizeGlobalScale, got {type(scale).__name__}")
-        return cls._of(torch.reciprocal(scale.value))
+        return cls._of(torch.reciprocal(scale.value), scale.experts)
 
     @classmethod
     def from_experts(cls, scales: ExpertQuantizeGlobalScales, *, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
@@ -454,9 +474,8 @@ class QuantizeGlobalScale(_ScalarScale):
         if not isinstance(scales, ExpertQuantizeGlobalScales):
             raise TypeError(f"scales: expected ExpertQuantizeGlobalScales, got {type(scales).__name__}")
         return cls._of(
-            _collapse_global_scales(
-                "ExpertQuantizeGlobalScales", _per_expert(scales.value), policy, quantize_side=True
-            )
+            _collapse_global_scales("ExpertQuantizeGlobalScales", _per_expert(scales.value), policy, quantize_side=True),
+            scales.num_experts,
         )
 
 
@@ -482,14 +501,14 @@ class DequantizeGlobalScale(_ScalarScale):
         """
         values = _checkpoint_values(cls.__name__, tensor, num_experts)
         _require_convention(f"{cls.__name__}.from_checkpoint", values, quantize_side=False)
-        return cls._of(_collapse_global_scales(cls.__name__, values, policy, quantize_side=False))
+        return cls._of(_collapse_global_scales(cls.__name__, values, policy, quantize_side=False), num_experts)
 
     @classmethod
     def from_quantize(cls, scale: QuantizeGlobalScale) -> DequantizeGlobalScale:
         """Convert a quantize-side scale (its reciprocal)."""
         if not isinstance(scale, QuantizeGlobalScale):
             raise TypeError(f"scale: expected a QuantizeGlobalScale, got {type(scale).__name__}")
-        return cls._of(torch.reciprocal(scale.value))
+        return cls._of(torch.reciprocal(scale.value), scale.experts)
 
     @classmethod
     def from_experts(
@@ -499,9 +518,8 @@ class DequantizeGlobalScale(_ScalarScale):
         if not isinstance(scales, ExpertDequantizeGlobalScales):
             raise TypeError(f"scales: expected ExpertDequantizeGlobalScales, got {type(scales).__name__}")
         return cls._of(
-            _collapse_global_scales(
-                "ExpertDequantizeGlobalScales", _per_expert(scales.value), policy, quantize_side=False
-            )
+            _collapse_global_scales("ExpertDequantizeGlobalScales", _per_expert(scales.value), policy, quantize_side=False),
+            scales.num_experts,
         )
 
 
@@ -571,3 +589,14 @@ class ExpertDequantizeGlobalScales(_ExpertScales):
         if not isinstance(scales, ExpertQuantizeGlobalScales):
             raise TypeError(f"scales: expected ExpertQuantizeGlobalScales, got {type(scales).__name__}")
         return cls._of(torch.reciprocal(scales.value))
+
+
+def require_layer_experts(name: str, scale: _ScalarScale, num_experts: int) -> None:
+    """Refuse a scalar collapsed from another count of experts than the layer's ``num_experts``: made from some
+    experts' values (``from_checkpoint(per_expert[:1].clone(), num_experts=1)``, ``from_experts`` of a slice), it
+    stands for experts it never saw, and the largest amax may be among those left out."""
+    if scale.experts is not None and scale.experts != num_experts:
+        raise ValueError(
+            f"{name}: collapsed from {scale.experts} expert(s)' values, but the layer has {num_experts} experts: a "
+            "kernel's one input scale is made from every expert's (under expert parallelism too)"
+        )

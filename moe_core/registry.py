@@ -36,7 +36,7 @@ import torch
 
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig
-from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
+from moe_core.conversion import AnyConversion, Degradation, FormatInfo, LayerChecked, WeightFormat
 from moe_core.dispatch import DispatchOutput, StandardDispatchOutput
 from moe_core.runner import QuantInfo, Runner
 
@@ -250,6 +250,9 @@ class Route(Generic[W, Q]):
         support = self.supports(DeviceSpec.of(self.source.narrow(weights).device), LayerSpec(config, self.source))
         if not support.ok:
             raise BackendSelectionError(f"backend {self.name!r} cannot run this {self.source.name} layer: {support.describe()}")
+        checked: object = weights  # a format's weights may check more of the layer than their shapes say
+        if isinstance(checked, LayerChecked):
+            checked.check_layer(config)
         return self._key.bind(config, self._quant_info(weights))
 
 

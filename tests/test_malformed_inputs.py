@@ -6,13 +6,20 @@ listed, each with the error it now gets.
 
 from __future__ import annotations
 
+import copy
+
+import attrs
 import pytest
 import torch
 
 from moe_core import (
+    NVFP4,
     DenseMoeWeights,
+    DequantizeGlobalScale,
+    DeviceSpec,
     ExpertQuantizeGlobalScales,
     ExpertScalePolicy,
+    LayerSpec,
     LinearBlockScales,
     MoeRunnerConfig,
     Nvfp4ExpertWeights,
@@ -22,6 +29,7 @@ from moe_core import (
     QuantizeGlobalScale,
     StandardDispatchOutput,
     TopKOutput,
+    choose,
     create_runner,
     select_experts,
 )
@@ -216,3 +224,25 @@ def test_topk_weights_must_be_weights_not_logits(gen: torch.Generator) -> None:
     values[0, 0] = -abs(float(values[0, 0])) - 0.1
     with pytest.raises(ValueError, match=r"topk_weights: expected values >= 0, got minimum -"):
         TopKOutput(ids.to(torch.int32), values, num_experts=8)
+
+
+def test_a_scalar_from_some_experts_is_refused_where_the_layer_is_bound(gen: torch.Generator) -> None:
+    """A scalar input scale remembers how many experts' values it was collapsed from; binding it to a layer of
+    another count is refused, however the slice was spelled (a false num_experts, from_experts of a slice), and the
+    count survives conversions, device moves and copies."""
+    config = MoeRunnerConfig(num_experts=4, hidden_size=32, intermediate_size_per_partition=16, top_k=2)
+    weights, dispatch = random_nvfp4_layer(config, 6, torch.float32, torch.device("cpu"), int(torch.randint(2**31, (1,), generator=gen)))
+    route = choose(NVFP4, DeviceSpec.parse("cpu"), LayerSpec(config, NVFP4)).chosen
+    per_expert = weights.w13_input_scale.value.expand(4).clone() * (1 + torch.rand(4, generator=gen))
+    one = QuantizeGlobalScale.from_checkpoint(per_expert[:1].clone(), num_experts=1, policy=ExpertScalePolicy.CONSERVATIVE)
+    sliced = QuantizeGlobalScale.from_experts(
+        ExpertQuantizeGlobalScales.from_checkpoint(per_expert).experts(0, 2), policy=ExpertScalePolicy.CONSERVATIVE
+    )
+    converted = QuantizeGlobalScale.from_dequantize(DequantizeGlobalScale.from_quantize(one)).to("cpu")
+    for scale, count in ((one, 1), (sliced, 2), (converted, 1), (copy.deepcopy(one), 1)):
+        assert scale.experts == count
+        with pytest.raises(ValueError, match=rf"w13_input_scale: collapsed from {count} expert\(s\)' values, but the layer has 4"):
+            route.bind(config, attrs.evolve(weights, w13_input_scale=scale))
+    every = QuantizeGlobalScale.from_checkpoint(per_expert, num_experts=4, policy=ExpertScalePolicy.CONSERVATIVE)
+    assert every.experts == 4 and route.bind(config, attrs.evolve(weights, w13_input_scale=every))(dispatch).isfinite().all()
+    assert weights.w13_input_scale.experts is None, "from_amax: a value for the whole layer"

@@ -9,7 +9,9 @@ import torch
 
 from moe_core._checks import require_same_device
 from moe_core.formats._experts import ExpertSizes, check_expert_shapes
+from moe_core.config import MoeRunnerConfig
 from moe_core.fp8 import Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
+from moe_core.global_scales import require_layer_experts
 
 
 @final
@@ -44,3 +46,8 @@ class Fp8MoeWeights(ExpertSizes):
     def device(self) -> torch.device:
         """Where the weights live."""
         return self.w2.codes.device
+
+    def check_layer(self, config: MoeRunnerConfig) -> None:
+        """Refuse input scales collapsed from another count of experts than the layer's."""
+        require_layer_experts("Fp8MoeWeights.w13_input_scale", self.w13_input_scale, config.num_experts)
+        require_layer_experts("Fp8MoeWeights.w2_input_scale", self.w2_input_scale, config.num_experts)

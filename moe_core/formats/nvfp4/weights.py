@@ -11,7 +11,8 @@ from moe_core._checks import require_same_device
 from moe_core.formats._experts import ExpertSizes, check_expert_shapes
 from moe_core.formats.dense.weights import DenseMoeWeights
 from moe_core.formats.nvfp4_w4a16.weights import Nvfp4W4A16MoeWeights
-from moe_core.global_scales import QuantizeGlobalScale
+from moe_core.config import MoeRunnerConfig
+from moe_core.global_scales import QuantizeGlobalScale, require_layer_experts
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights
 
 
@@ -53,6 +54,11 @@ class Nvfp4MoeWeights(ExpertSizes):
     def device(self) -> torch.device:
         """Where the weights live."""
         return self.w2.packed.device
+
+    def check_layer(self, config: MoeRunnerConfig) -> None:
+        """Refuse input scales collapsed from another count of experts than the layer's."""
+        require_layer_experts("Nvfp4MoeWeights.w13_input_scale", self.w13_input_scale, config.num_experts)
+        require_layer_experts("Nvfp4MoeWeights.w2_input_scale", self.w2_input_scale, config.num_experts)
 
     def to(self, device: torch.device | str) -> Nvfp4MoeWeights:
         """The same weights and scales on ``device``."""
