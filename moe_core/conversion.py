@@ -11,11 +11,10 @@ own quant info.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar, final, runtime_checkable
+from typing import Generic, Protocol, TypeVar, final
 
 import attrs
 
-from moe_core.config import MoeRunnerConfig
 from moe_core.runner import QuantInfo
 
 W = TypeVar("W", bound=QuantInfo)
@@ -24,16 +23,6 @@ W_contra = TypeVar("W_contra", bound=QuantInfo, contravariant=True)
 V_co = TypeVar("V_co", bound=QuantInfo, covariant=True)
 Q = TypeVar("Q", bound=QuantInfo)
 Q_co = TypeVar("Q_co", bound=QuantInfo, covariant=True)
-
-
-@runtime_checkable
-class LayerChecked(Protocol):
-    """Canonical weights that check, where they are bound to a layer, what their shapes cannot say (the experts a
-    scalar input scale was collapsed from)."""
-
-    def check_layer(self, config: MoeRunnerConfig) -> None:
-        """Raise ``ValueError`` naming the field unless the weights fit ``config``'s layer."""
-        ...
 
 
 class FormatInfo(Protocol):

@@ -36,9 +36,9 @@ import torch
 
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig
-from moe_core.conversion import AnyConversion, Degradation, FormatInfo, LayerChecked, WeightFormat
+from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
 from moe_core.dispatch import DispatchOutput, StandardDispatchOutput
-from moe_core.runner import QuantInfo, Runner
+from moe_core.runner import LayerChecked, QuantInfo, Runner
 
 ENTRY_POINT_GROUP = "moe_core.backends"
 """Entry-point group whose modules register backends when imported."""

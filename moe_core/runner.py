@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -61,6 +61,16 @@ class Runner(Protocol[QuantInfoT_contra]):
         ...
 
 
+@runtime_checkable
+class LayerChecked(Protocol):
+    """Weights that check what their shapes cannot say about the layer they run (the experts a scalar input scale
+    was collapsed from): routes call it when they bind canonical weights, :func:`check_run_inputs` on every run."""
+
+    def check_layer(self, config: MoeRunnerConfig) -> None:
+        """Raise ``ValueError`` naming the field unless the weights fit ``config``'s layer."""
+        ...
+
+
 def check_run_inputs(
     config: MoeRunnerConfig, dispatch: DispatchOutput, quant_info: QuantInfo, formats: tuple[DispatchFormat, ...]
 ) -> None:
@@ -92,6 +102,9 @@ def check_run_inputs(
         raise ValueError(f"topk_ids: expected {config.top_k} columns (top_k), got {topk.top_k}")
     if topk.num_experts != config.num_experts:
         raise ValueError(f"topk.num_experts: expected {config.num_experts} from the config, got {topk.num_experts}")
+    checked: object = quant_info
+    if isinstance(checked, LayerChecked):
+        checked.check_layer(config)
 
 
 def check_run_values(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:

@@ -241,8 +241,11 @@ def test_a_scalar_from_some_experts_is_refused_where_the_layer_is_bound(gen: tor
     converted = QuantizeGlobalScale.from_dequantize(DequantizeGlobalScale.from_quantize(one)).to("cpu")
     for scale, count in ((one, 1), (sliced, 2), (converted, 1), (copy.deepcopy(one), 1)):
         assert scale.experts == count
+        sliced_weights = attrs.evolve(weights, w13_input_scale=scale)
         with pytest.raises(ValueError, match=rf"w13_input_scale: collapsed from {count} expert\(s\)' values, but the layer has 4"):
-            route.bind(config, attrs.evolve(weights, w13_input_scale=scale))
+            route.bind(config, sliced_weights)
+        with pytest.raises(ValueError, match=rf"collapsed from {count} expert\(s\)' values"):  # a runner made by hand
+            create_runner(REFERENCE_NVFP4, config).run(dispatch, sliced_weights)
     every = QuantizeGlobalScale.from_checkpoint(per_expert, num_experts=4, policy=ExpertScalePolicy.CONSERVATIVE)
     assert every.experts == 4 and route.bind(config, attrs.evolve(weights, w13_input_scale=every))(dispatch).isfinite().all()
     assert weights.w13_input_scale.experts is None, "from_amax: a value for the whole layer"
