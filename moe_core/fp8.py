@@ -35,6 +35,7 @@ from moe_core.global_scales import (
     _expert_amax,
     _ExpertScales,
     _float_tensor,
+    _layer_value,
     _scalar_amax,
     _ScalarScale,
     _TensorScale,
@@ -81,6 +82,12 @@ class Fp8TensorScale(_ScalarScale):
         one under ``policy`` (conservative: the largest)."""
         values = _checkpoint_values(cls.__name__, tensor, num_experts)
         return cls._of(_collapse(cls.__name__, values, policy, values.max()), num_experts)
+
+    @classmethod
+    def from_layer_checkpoint(cls, tensor: torch.Tensor) -> Fp8TensorScale:
+        """The one value a checkpoint stores for the whole layer (fused experts), shape ``()`` or ``[1]``: no expert
+        count to check (like :meth:`from_amax`); refuses a view into a per-expert tensor."""
+        return cls._of(_layer_value(cls.__name__, tensor))
 
 
 def _require_weight_scale(name: str, tensor: torch.Tensor) -> None:

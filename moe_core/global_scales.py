@@ -184,6 +184,25 @@ def _checkpoint_values(cls_name: str, tensor: torch.Tensor, num_experts: int) ->
     return _per_expert(tensor)
 
 
+def _layer_value(cls_name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """A checkpoint's one value for the whole layer (shape ``()`` or ``[1]``, its own tensor), as ``[1]`` float32."""
+    name = f"{cls_name}.from_layer_checkpoint"
+    require_tensor(name, tensor)
+    require_dtype(name, tensor, (torch.float32,))
+    if tensor.numel() != 1 or tensor.dim() > 1:
+        raise ValueError(
+            f"{name}: expected the layer's one value (shape () or (1,)), got shape {tuple(tensor.shape)}; per-expert "
+            "values go through from_checkpoint with num_experts and a policy"
+        )
+    if tensor.untyped_storage().nbytes() > tensor.element_size():
+        raise ValueError(
+            f"{name}: got a one-element view into a larger tensor (like per_expert[:1]: one expert's value, not the "
+            "layer's); per-expert values go through from_checkpoint with num_experts and a policy"
+        )
+    _require_positive_experts(name, tensor)
+    return tensor.reshape(1)
+
+
 _SIDES = {
     True: "quantize-side, 448 * 6 / amax, as compressed-tensors stores weight_global_scale and input_global_scale",
     False: "dequantize-side, amax / (448 * 6), as ModelOpt stores weight_scale_2 and input_scale",
@@ -462,6 +481,14 @@ class QuantizeGlobalScale(_ScalarScale):
         return cls._of(_collapse_global_scales(cls.__name__, values, policy, quantize_side=True), num_experts)
 
     @classmethod
+    def from_layer_checkpoint(cls, tensor: torch.Tensor) -> QuantizeGlobalScale:
+        """The one quantize-side value a checkpoint stores for the whole layer (fused experts), shape ``()`` or
+        ``[1]``: no expert count to check (like :meth:`from_amax`); refuses a view into a per-expert tensor."""
+        value = _layer_value(cls.__name__, tensor)
+        _require_convention(f"{cls.__name__}.from_layer_checkpoint", value, quantize_side=True)
+        return cls._of(value)
+
+    @classmethod
     def from_dequantize(cls, scale: DequantizeGlobalScale) -> QuantizeGlobalScale:
         """Convert a dequantize-side scale (its reciprocal)."""
         if not isinstance(scale, DequantizeGlobalScale):
@@ -502,6 +529,14 @@ class DequantizeGlobalScale(_ScalarScale):
         values = _checkpoint_values(cls.__name__, tensor, num_experts)
         _require_convention(f"{cls.__name__}.from_checkpoint", values, quantize_side=False)
         return cls._of(_collapse_global_scales(cls.__name__, values, policy, quantize_side=False), num_experts)
+
+    @classmethod
+    def from_layer_checkpoint(cls, tensor: torch.Tensor) -> DequantizeGlobalScale:
+        """The one dequantize-side value a checkpoint stores for the whole layer, as
+        :meth:`QuantizeGlobalScale.from_layer_checkpoint`."""
+        value = _layer_value(cls.__name__, tensor)
+        _require_convention(f"{cls.__name__}.from_layer_checkpoint", value, quantize_side=False)
+        return cls._of(value)
 
     @classmethod
     def from_quantize(cls, scale: QuantizeGlobalScale) -> DequantizeGlobalScale:

@@ -17,6 +17,7 @@ from moe_core import (
     DenseMoeWeights,
     DequantizeGlobalScale,
     DeviceSpec,
+    Fp8TensorScale,
     ExpertQuantizeGlobalScales,
     ExpertScalePolicy,
     LayerSpec,
@@ -249,3 +250,19 @@ def test_a_scalar_from_some_experts_is_refused_where_the_layer_is_bound(gen: tor
     every = QuantizeGlobalScale.from_checkpoint(per_expert, num_experts=4, policy=ExpertScalePolicy.CONSERVATIVE)
     assert every.experts == 4 and route.bind(config, attrs.evolve(weights, w13_input_scale=every))(dispatch).isfinite().all()
     assert weights.w13_input_scale.experts is None, "from_amax: a value for the whole layer"
+
+
+def test_a_checkpoints_one_layer_wide_value_enters_by_name(gen: torch.Generator) -> None:
+    """A fused-expert checkpoint may store one input scale for the whole layer: from_layer_checkpoint takes it (no
+    expert count to check, like from_amax) and refuses a slice of a per-expert tensor posing as it."""
+    per_expert = (torch.rand(8, generator=gen) + 0.5) * 1e3
+    layer_wide = per_expert.min().clone()
+    assert QuantizeGlobalScale.from_layer_checkpoint(layer_wide).experts is None
+    assert Fp8TensorScale.from_layer_checkpoint(torch.tensor([0.02])).item() == pytest.approx(0.02)
+    assert DequantizeGlobalScale.from_layer_checkpoint(1 / layer_wide).experts is None
+    with pytest.raises(ValueError, match=r"from_layer_checkpoint: got a one-element view into a larger tensor"):
+        QuantizeGlobalScale.from_layer_checkpoint(per_expert[:1])
+    with pytest.raises(ValueError, match=r"from_layer_checkpoint: expected the layer's one value \(shape \(\) or \(1,\)\), got shape \(8,\)"):
+        Fp8TensorScale.from_layer_checkpoint(per_expert)
+    with pytest.raises(ValueError, match=r"expected quantize-side"):
+        QuantizeGlobalScale.from_layer_checkpoint(1 / layer_wide)

@@ -22,7 +22,10 @@ from moe_core import (
     ExpertQuantizeGlobalScales,
     ExpertScalePolicy,
     LayerSpec,
+    LinearBlockScales,
     MoeRunnerConfig,
+    Nvfp4ExpertWeights,
+    Nvfp4GateUpWeights,
     Nvfp4PerExpertMoeWeights,
     StandardDispatchOutput,
     TopKOutput,
@@ -158,6 +161,15 @@ def test_random_layer_oracle_matches_float64(gen: torch.Generator) -> None:
     assert relative_error(out, expected) < BF16_OUTPUT
 
 
+def last_two(experts: Nvfp4ExpertWeights) -> Nvfp4ExpertWeights:
+    """Experts 2 and 3 of four: the second rank's half."""
+    return Nvfp4ExpertWeights(
+        experts.packed[2:].clone(),
+        LinearBlockScales.from_checkpoint(experts.block_scales.data[2:].clone()),
+        experts.global_scales.experts(2, 4),
+    )
+
+
 def test_the_layer_scalars_come_from_every_expert_and_the_counts_must_agree(gen: torch.Generator) -> None:
     """The scalars one-scalar kernels take are derived from every expert's scale under the policy (a rank's own, or
     a value from elsewhere, cannot stand in); the two GEMMs' scales cover the same experts, and this rank's are
@@ -173,6 +185,16 @@ def test_the_layer_scalars_come_from_every_expert_and_the_counts_must_agree(gen:
         attrs.evolve(weights, local_expert_offset=1)
     with pytest.raises(ValueError, match="experts disagree"):
         attrs.evolve(weights, policy=ExpertScalePolicy.REQUIRE_EQUAL)
+    route = choose(NVFP4_PER_EXPERT, DeviceSpec.parse("cpu"), LayerSpec(config, NVFP4_PER_EXPERT)).chosen
+    second_half = attrs.evolve(config, num_local_experts=2, local_expert_offset=2)
+    unshifted = attrs.evolve(
+        weights, w13=Nvfp4GateUpWeights(gate=last_two(weights.w13.gate), up=last_two(weights.w13.up)), w2=last_two(weights.w2)
+    )
+    with pytest.raises(ValueError, match=r"local_expert_offset: 0, but this rank's experts start at 2"):
+        route.bind(second_half, unshifted)
+    assert route.bind(second_half, attrs.evolve(unshifted, local_expert_offset=2))(dispatch).isfinite().all()
+    with pytest.raises(ValueError, match=r"w13_input_scales: one per expert of a layer of 4, but the layer has 8"):
+        route.bind(attrs.evolve(config, num_experts=8), weights)
 
 
 def test_shards_of_one_expert_collapse_under_the_policy() -> None:

@@ -8,6 +8,7 @@ import attrs
 import torch
 
 from moe_core._checks import require_int, require_same_device
+from moe_core.config import MoeRunnerConfig
 from moe_core.formats._experts import ExpertSizes, check_expert_shapes
 from moe_core.formats.dense.weights import DenseMoeWeights
 from moe_core.formats.nvfp4.weights import Nvfp4MoeWeights
@@ -84,6 +85,21 @@ class Nvfp4PerExpertMoeWeights(ExpertSizes):
     def device(self) -> torch.device:
         """Where the weights live."""
         return self.w2.packed.device
+
+    def check_layer(self, config: MoeRunnerConfig) -> None:
+        """Refuse a layer of another expert count than the input scales cover, or whose rank's first expert is not
+        :attr:`local_expert_offset` (its experts would be quantized with other experts' scales)."""
+        name = "Nvfp4PerExpertMoeWeights"
+        if self.w13_input_scales.num_experts != config.num_experts:
+            raise ValueError(
+                f"{name}.w13_input_scales: one per expert of a layer of {self.w13_input_scales.num_experts}, but the "
+                f"layer has {config.num_experts} experts"
+            )
+        if self.local_expert_offset != config.local_expert_offset:
+            raise ValueError(
+                f"{name}.local_expert_offset: {self.local_expert_offset}, but this rank's experts start at "
+                f"{config.local_expert_offset}: its experts would be quantized with other experts' input scales"
+            )
 
     def own_input_scales(self, expert: int) -> tuple[QuantizeGlobalScale, QuantizeGlobalScale]:
         """Local expert ``expert``'s own input scales of both GEMMs, as the scalars its rows are quantized with."""
