@@ -72,27 +72,33 @@ def quantize_nvfp4_layer(
 def _expert_input_amax(
     config: MoeRunnerConfig, dispatch: StandardDispatchOutput, w13: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per local expert, the amax of this batch's two GEMM inputs over the tokens routed to it (the layer's amax for an
-    expert routed none, as a calibration that never reached it would leave a layer-wide value)."""
+    """Per expert of the layer (``[num_experts]``), the amax of this batch's two GEMM inputs over the tokens routed to
+    it: the hidden states' for every expert, the gated activation's for the local ones (``w13`` is theirs). An
+    expert routed none, or another rank's activation, takes the layer's amax, as a calibration that never reached it
+    would leave a layer-wide value."""
     x = dispatch.hidden_states.float()
     layer_hidden, layer_activation = _input_amax(config, dispatch, w13)
-    hidden = torch.full((config.num_local_experts,), float(layer_hidden))
-    activation = torch.full((config.num_local_experts,), float(layer_activation))
-    ids = dispatch.topk.topk_ids.cpu() - config.local_expert_offset
-    for local in range(config.num_local_experts):
-        tokens = torch.nonzero((ids == local).any(dim=1)).flatten().to(x.device)
-        if tokens.numel():
-            routed = x[tokens]
-            hidden[local] = routed.abs().amax()
-            activation[local] = config.activation.apply(routed @ w13[local].T).abs().amax()
+    hidden = torch.full((config.num_experts,), float(layer_hidden))
+    activation = torch.full((config.num_experts,), float(layer_activation))
+    ids = dispatch.topk.topk_ids.cpu()
+    for expert in range(config.num_experts):
+        tokens = torch.nonzero((ids == expert).any(dim=1)).flatten().to(x.device)
+        if not tokens.numel():
+            continue
+        routed = x[tokens]
+        hidden[expert] = routed.abs().amax()
+        local = expert - config.local_expert_offset
+        if 0 <= local < config.num_local_experts:
+            activation[expert] = config.activation.apply(routed @ w13[local].T).abs().amax()
     return hidden.to(x.device), activation.to(x.device)
 
 
 def quantize_nvfp4_per_expert_layer(
     config: MoeRunnerConfig, dense: DenseMoeWeights, dispatch: StandardDispatchOutput
 ) -> Nvfp4PerExpertMoeWeights:
-    """``dense`` quantized to NVFP4 with per-expert static input scales, each calibrated on the tokens ``dispatch``
-    routes to its expert (all experts local; the weights derive the layer-wide scalars)."""
+    """``dense`` (this rank's experts) quantized to NVFP4 with per-expert static input scales for every expert of the
+    layer, each calibrated on the tokens ``dispatch`` routes to it (see :func:`_expert_input_amax`); the weights
+    derive the layer-wide scalars."""
     w13 = Nvfp4GateUpWeights.quantize(dense.w13)
     hidden_amax, activation_amax = _expert_input_amax(config, dispatch, w13.dequantize())
     return Nvfp4PerExpertMoeWeights(
@@ -100,6 +106,7 @@ def quantize_nvfp4_per_expert_layer(
         w2=Nvfp4ExpertWeights.quantize(dense.w2),
         w13_input_scales=ExpertQuantizeGlobalScales.from_amax(hidden_amax),
         w2_input_scales=ExpertQuantizeGlobalScales.from_amax(activation_amax),
+        local_expert_offset=config.local_expert_offset,
     )
 
 
