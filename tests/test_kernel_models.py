@@ -29,7 +29,8 @@ kernel's units, the reference in dequantized ones, and a batched matmul
 rounds a row differently from a lone one), and the whole block's FP4 codes
 follow it: up to ~10% of that token's output (``MOE_CORE_SEED=1707975378``:
 one block at 116 = (112 + 120) / 2, 9.8e-3 of a 37-token batch).
-:func:`trtllm_error` leaves out the tokens with such a block.
+:func:`trtllm_error` leaves out the tokens with such a block; :func:`cutlass_error` those whose FP4 values
+tip with GEMM1's float32 output (CUTLASS also rounds it to bf16 first, a second place an ulp decides).
 """
 
 from __future__ import annotations
@@ -254,6 +255,45 @@ def cutlass_nvfp4_reference(config: MoeRunnerConfig, weights: Nvfp4MoeWeights, d
     return cutlass_rounded_reference(Nvfp4Recipe(), config, weights, dispatch, activation_in_bf16=True)
 
 
+def cutlass_tie_tokens(config: MoeRunnerConfig, weights: Nvfp4MoeWeights, dispatch: StandardDispatchOutput) -> torch.Tensor:
+    """bool ``[T]``: tokens whose GEMM2-input FP4 values, in :func:`cutlass_nvfp4_reference`'s arithmetic, change when
+    GEMM1's float32 output moves by a relative ``4 * H * 2**-24`` (the margin of :func:`scale_tie_tokens`).
+
+    CUTLASS rounds GEMM1's output and the activation to bf16 before quantizing: a float32 result an ulp or two
+    from a bf16 midpoint rounds either way, and where that bf16 ulp tips an FP4 code or a block scale, either
+    neighbour is right. Decided from the reference alone (GEMM1 scaled by ``1 -+ margin`` and quantized as the
+    reference does), so a mistake in the code under test cannot hide here; a quarter to half of the tokens qualify.
+    """
+    recipe, margin = Nvfp4Recipe(), 4 * config.hidden_size * 2.0**-24
+    hidden, ids = dispatch.hidden_states, dispatch.topk.topk_ids
+    tied = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+    for local in range(config.num_local_experts):
+        tokens = torch.nonzero(ids == config.local_expert_offset + local, as_tuple=True)[0]
+        if tokens.numel() == 0:
+            continue
+        acc1 = recipe.quantize_input(weights, local, hidden[tokens].float()) @ recipe.gate_up(weights, local).T
+        quantized = [
+            recipe.quantize_hidden(
+                weights, local, config.activation.apply((acc1 * f).to(torch.bfloat16).float()).to(torch.bfloat16).float()
+            )
+            for f in (1 - margin, 1.0, 1 + margin)
+        ]
+        moved = ((quantized[0] != quantized[1]) | (quantized[2] != quantized[1])).any(dim=1)
+        tied[tokens[moved]] = True
+    return tied
+
+
+def cutlass_error(out: torch.Tensor, config: MoeRunnerConfig, weights: Nvfp4MoeWeights, dispatch: StandardDispatchOutput) -> float:
+    """:func:`relative_error` against :func:`cutlass_nvfp4_reference` over the tokens without a rounding tie
+    (:func:`cutlass_tie_tokens`; a token at top-8 has eight experts' blocks to tie in, so up to three quarters of
+    them, or one, may be left out)."""
+    tied = cutlass_tie_tokens(config, weights, dispatch)
+    assert int(tied.sum()) <= max(1, 3 * tied.numel() // 4), f"{int(tied.sum())} of {tied.numel()} tokens at a rounding tie"
+    if bool(tied.all()):
+        return 0.0
+    return relative_error(out[~tied], cutlass_nvfp4_reference(config, weights, dispatch)[~tied])
+
+
 LAYER_128 = MoeRunnerConfig(num_experts=8, hidden_size=128, intermediate_size_per_partition=128, top_k=2)
 
 
@@ -411,7 +451,7 @@ class TestCutlass:
         out = CutlassRunner[CutlassNvfp4Weights](config, kernels=cutlass_model_kernels()).run(
             dispatch, CutlassNvfp4Weights.from_nvfp4_rescaled(weights)
         )
-        assert relative_error(out, cutlass_nvfp4_reference(config, nvfp4_shared_scale(weights), dispatch)) < TOLERANCE
+        assert cutlass_error(out, config, nvfp4_shared_scale(weights), dispatch) < TOLERANCE
 
     @pytest.mark.parametrize("shape", SHAPES[1:], ids=str)
     def test_nvfp4_rounds_gemm1_and_the_activation_to_bf16(
@@ -424,7 +464,7 @@ class TestCutlass:
             dispatch, CutlassNvfp4Weights.from_nvfp4_rescaled(weights)
         )
         shared = nvfp4_shared_scale(weights)
-        assert relative_error(out, cutlass_nvfp4_reference(config, shared, dispatch)) < TOLERANCE
+        assert cutlass_error(out, config, shared, dispatch) < TOLERANCE
         assert relative_error(out, nvfp4_reference(config, shared, dispatch)) > BF16_ROUNDING_POINTS
 
     @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -443,7 +483,7 @@ class TestCutlass:
         equal = nvfp4_shared_scale(weights)
         quant_info = CutlassNvfp4Weights.from_nvfp4(equal, gate_up=GateUpScalePolicy.REQUIRE_EQUAL)
         out = CutlassRunner[CutlassNvfp4Weights](config, kernels=cutlass_model_kernels()).run(dispatch, quant_info)
-        assert relative_error(out, cutlass_nvfp4_reference(config, equal, dispatch)) < TOLERANCE
+        assert cutlass_error(out, config, equal, dispatch) < TOLERANCE
         with pytest.raises(ValueError, match="gate and up global scales differ"):
             CutlassNvfp4Weights.from_nvfp4(weights, gate_up=GateUpScalePolicy.REQUIRE_EQUAL)
 
@@ -453,7 +493,7 @@ class TestCutlass:
         out = CutlassRunner[CutlassNvfp4Weights](config, kernels=cutlass_model_kernels()).run(
             dispatch, CutlassNvfp4Weights.from_nvfp4_rescaled(weights)
         )
-        assert relative_error(out, cutlass_nvfp4_reference(config, nvfp4_shared_scale(weights), dispatch)) < TOLERANCE
+        assert cutlass_error(out, config, nvfp4_shared_scale(weights), dispatch) < TOLERANCE
 
     def test_wrong_fc1_half_order_is_caught(self, gen: torch.Generator) -> None:
         config, dense, _, dispatch = layer((37, 8, 2, 256, 128, 8, 0), gen)
