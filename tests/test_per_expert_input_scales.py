@@ -153,7 +153,11 @@ def test_random_layer_oracle_matches_float64(gen: torch.Generator) -> None:
     config = MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=32, top_k=2)
     dense, dispatch = random_dense_layer(config, 24, torch.bfloat16, torch.device("cpu"), int(torch.randint(2**31, (1,), generator=gen)))
     weights = quantize_nvfp4_per_expert_layer(config, dense, dispatch)
-    assert not torch.equal(weights.w13_input_scales.value, weights.w13_input_scales.value[:1].expand(4))
+    x, ids = dispatch.hidden_states.float(), dispatch.topk.topk_ids
+    for expert in range(4):  # each expert's scale from the amax of the tokens routed to it (the layer's if none)
+        routed = x[(ids == expert).any(dim=1)]
+        amax = routed.abs().amax() if routed.numel() else x.abs().amax()
+        assert weights.w13_input_scales.value[expert].item() == pytest.approx(2688 / float(amax), rel=1e-6)
     out = choose(NVFP4_PER_EXPERT, DeviceSpec.parse("cpu"), LayerSpec(config, NVFP4_PER_EXPERT)).chosen.bind(
         config, weights
     )(dispatch)
@@ -183,8 +187,9 @@ def test_the_layer_scalars_come_from_every_expert_and_the_counts_must_agree(gen:
         attrs.evolve(weights, w2_input_scales=weights.w2_input_scales.experts(0, 2))
     with pytest.raises(ValueError, match=re.escape("experts [1, 5) are not all among the layer's 4")):
         attrs.evolve(weights, local_expert_offset=1)
+    distinct = ExpertQuantizeGlobalScales.from_amax(torch.tensor([1.0, 2.0, 3.0, 4.0]))
     with pytest.raises(ValueError, match="experts disagree"):
-        attrs.evolve(weights, policy=ExpertScalePolicy.REQUIRE_EQUAL)
+        attrs.evolve(weights, w13_input_scales=distinct, policy=ExpertScalePolicy.REQUIRE_EQUAL)
     route = choose(NVFP4_PER_EXPERT, DeviceSpec.parse("cpu"), LayerSpec(config, NVFP4_PER_EXPERT)).chosen
     second_half = attrs.evolve(config, num_local_experts=2, local_expert_offset=2)
     unshifted = attrs.evolve(
