@@ -524,18 +524,9 @@ def _minimax_m2(block: nn.Module, config: object) -> BlockParts:
     )
 
 
-def _minimax_m3_vl(block: nn.Module, config: object) -> BlockParts:
-    """MiniMax-M3-VL's text model: MiniMax-M2's routing, the output scaled, gpt-oss's clamped SwiGLU in the experts
-    and in the shared expert (whose ``gate_up_proj`` is one fused linear, gate rows first)."""
-    activation = ClampedSwiglu(alpha=_float(block, "experts.swiglu_alpha"), limit=_float(block, "experts.swiglu_limit"))
-    shared_activation = ClampedSwiglu(
-        alpha=_float(block, "shared_experts.swiglu_alpha"), limit=_float(block, "shared_experts.swiglu_limit")
-    )
-    shared = SharedExpert(
-        w13=_linear(block, "shared_experts.gate_up_proj"),
-        w2=_linear(block, "shared_experts.down_proj"),
-        activation=shared_activation,
-    )
+def _scaled_biased_sigmoid(block: nn.Module, activation: ExpertActivation, shared: SharedExpert) -> BlockParts:
+    """:func:`_biased_sigmoid` read from MiniMax-M2's gate (``gate.top_k``, ``gate.weight``,
+    ``gate.e_score_correction_bias``), the output scaled by the block's ``routed_scaling_factor``."""
     return _biased_sigmoid(
         top_k=_get(block, "gate.top_k", int),
         activation=activation,
@@ -549,23 +540,28 @@ def _minimax_m3_vl(block: nn.Module, config: object) -> BlockParts:
     )
 
 
+def _minimax_m3_vl(block: nn.Module, config: object) -> BlockParts:
+    """MiniMax-M3-VL's text model: MiniMax-M2's routing, the output scaled, gpt-oss's clamped SwiGLU in the experts
+    and in the shared expert (whose ``gate_up_proj`` is one fused linear, gate rows first)."""
+    activation = ClampedSwiglu(alpha=_float(block, "experts.swiglu_alpha"), limit=_float(block, "experts.swiglu_limit"))
+    shared_activation = ClampedSwiglu(
+        alpha=_float(block, "shared_experts.swiglu_alpha"), limit=_float(block, "shared_experts.swiglu_limit")
+    )
+    shared = SharedExpert(
+        w13=_linear(block, "shared_experts.gate_up_proj"),
+        w2=_linear(block, "shared_experts.down_proj"),
+        activation=shared_activation,
+    )
+    return _scaled_biased_sigmoid(block, activation, shared)
+
+
 def _step3p7(block: nn.Module, config: object) -> BlockParts:
     """Step 3.7: MiniMax-M2's routing, the output scaled, a shared expert; without SwiGLU limits only."""
     for path in ("experts.limit", "shared_experts.limit"):
         if _float(block, path) != float("inf"):
             raise ValueError(f"{path}: a clamped SwiGLU (swiglu_limits) is not covered, got {_float(block, path)}")
     activation = _hidden_act(_get(config, "hidden_act", str))
-    return _biased_sigmoid(
-        top_k=_get(block, "gate.top_k", int),
-        activation=activation,
-        weights=_experts(block),
-        router=Router(
-            weight=_tensor(block, "gate.weight"),
-            score_correction_bias=_tensor(block, "gate.e_score_correction_bias").float(),
-        ),
-        scale=_float(block, "routed_scaling_factor"),
-        shared=_mlp(block, "shared_experts", activation),
-    )
+    return _scaled_biased_sigmoid(block, activation, _mlp(block, "shared_experts", activation))
 
 
 def _laguna(block: nn.Module, config: object) -> BlockParts:
@@ -575,17 +571,7 @@ def _laguna(block: nn.Module, config: object) -> BlockParts:
     if cap > 0:
         raise ValueError(f"moe_router_logit_softcapping: soft-capped router logits are not covered, got {cap}")
     activation = _hidden_act(_get(config, "hidden_act", str))
-    return _biased_sigmoid(
-        top_k=_get(block, "gate.top_k", int),
-        activation=activation,
-        weights=_experts(block),
-        router=Router(
-            weight=_tensor(block, "gate.weight"),
-            score_correction_bias=_tensor(block, "gate.e_score_correction_bias").float(),
-        ),
-        scale=_float(block, "routed_scaling_factor"),
-        shared=_mlp(block, "shared_experts", activation),
-    )
+    return _scaled_biased_sigmoid(block, activation, _mlp(block, "shared_experts", activation))
 
 
 def _lfm2_moe(block: nn.Module, config: object) -> BlockParts:
