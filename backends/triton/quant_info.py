@@ -117,9 +117,35 @@ def _packed(half: Nvfp4ExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:
     return half.packed.contiguous(), half.block_scales.data.contiguous()
 
 
+class _PackedFp4Experts:
+    """The QuantInfo properties of weights held as packed E2M1 codes, ``w13_packed [E, 2I, H / 2]`` (two a byte)."""
+
+    w13_packed: torch.Tensor
+
+    @property
+    def num_experts(self) -> int:
+        """Experts held."""
+        return int(self.w13_packed.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        """H."""
+        return 2 * int(self.w13_packed.shape[2])
+
+    @property
+    def intermediate_size(self) -> int:
+        """I."""
+        return int(self.w13_packed.shape[1]) // 2
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return self.w13_packed.device
+
+
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class TritonNvfp4W4A16Weights:
+class TritonNvfp4W4A16Weights(_PackedFp4Experts):
     """NVFP4 weights for bf16/fp16 activations, as the kernels read them.
 
     Packed E2M1 ``[E, rows, cols / 2]`` and linear E4M3 block scales
@@ -173,26 +199,6 @@ class TritonNvfp4W4A16Weights:
             w2_scales=ExpertDequantizeGlobalScales.from_quantize(weights.w2.global_scales),
         )
 
-    @property
-    def num_experts(self) -> int:
-        """Experts held."""
-        return int(self.w13_packed.shape[0])
-
-    @property
-    def hidden_size(self) -> int:
-        """H."""
-        return 2 * int(self.w13_packed.shape[2])
-
-    @property
-    def intermediate_size(self) -> int:
-        """I."""
-        return int(self.w13_packed.shape[1]) // 2
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights live."""
-        return self.w13_packed.device
-
 
 MXFP4_MAX_EXPONENT = 240
 """The largest E8M0 exponent the kernels decode (a block scale of ``2 ** 113``): they fold the decode's ``2^14`` into
@@ -201,7 +207,7 @@ the scale, and ``2 ** (e - 113)`` is a float32 up to here. gpt-oss's exponents s
 
 @final
 @attrs.frozen(eq=False, kw_only=True)
-class TritonMxfp4W4A16Weights:
+class TritonMxfp4W4A16Weights(_PackedFp4Experts):
     """MXFP4 weights for bf16/fp16 activations, as the kernels read them.
 
     Packed E2M1 ``[E, rows, cols / 2]`` (the first element of each pair in the
@@ -268,26 +274,6 @@ class TritonMxfp4W4A16Weights:
             w13_packed=weights.w13.packed.contiguous(), w13_scales=exponents(weights.w13.scales),
             w2_packed=weights.w2.packed.contiguous(), w2_scales=exponents(weights.w2.scales), biases=biases,
         )
-
-    @property
-    def num_experts(self) -> int:
-        """Experts held."""
-        return int(self.w13_packed.shape[0])
-
-    @property
-    def hidden_size(self) -> int:
-        """H."""
-        return 2 * int(self.w13_packed.shape[2])
-
-    @property
-    def intermediate_size(self) -> int:
-        """I."""
-        return int(self.w13_packed.shape[1]) // 2
-
-    @property
-    def device(self) -> torch.device:
-        """Where the weights live."""
-        return self.w13_packed.device
 
 
 @final
