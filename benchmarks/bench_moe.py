@@ -75,16 +75,21 @@ from moe_core.backends._flashinfer import autotuning  # noqa: E402
 from moe_core.backends.flashinfer_cutlass import FLASHINFER_CUTLASS_BF16, FLASHINFER_CUTLASS_FP8  # noqa: E402
 from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights, CutlassFp8Weights  # noqa: E402
 from moe_core.backends.reference import REFERENCE_DENSE  # noqa: E402
-from moe_core.backends.triton import TRITON_DENSE, TRITON_FP8, TRITON_FP8_BLOCK, TRITON_NVFP4_W4A16  # noqa: E402
-from moe_core.backends.triton.configs import choose  # noqa: E402
+from moe_core.backends.triton import (  # noqa: E402
+    TRITON_DENSE, TRITON_FP8, TRITON_FP8_BLOCK, TRITON_MXFP4_W4A16, TRITON_NVFP4_W4A16,
+)
+from moe_core.backends.triton.configs import KernelConfig, choose  # noqa: E402
 from moe_core.backends.triton.quant_info import (  # noqa: E402
     Fp8Accumulation,
     TritonDenseWeights,
     TritonFp8BlockWeights,
     TritonFp8Weights,
+    TritonMxfp4W4A16Weights,
     TritonNvfp4W4A16Weights,
 )
-from moe_core.backends.triton.runner import fused_moe, nvfp4_w4a16_gemms  # noqa: E402
+from moe_core.backends.triton.runner import Gemm, fused_moe, mxfp4_w4a16_gemms, nvfp4_w4a16_gemms  # noqa: E402
+from moe_core.formats.mxfp4 import Mxfp4MoeWeights  # noqa: E402
+from moe_core.mxfp4 import E8M0Scales, Mxfp4ExpertWeights  # noqa: E402
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights  # noqa: E402
 from moe_core.synthetic import quantize_fp8_layer  # noqa: E402
 
@@ -119,11 +124,11 @@ def verdict(entry: dict[str, object]) -> str:
     """One row against its bar: ``ahead 1.12x`` / ``behind 0.87x`` (the bar's time over ours), or ``-`` without one.
 
     bf16 rows (``triton-dense``, ``flashinfer-cutlass-bf16``) meet vLLM bf16; FP8 rows vLLM FP8; NVFP4 W4A16 rows the
-    decode target at T=1 where the issue sets one, else 0.85x of vLLM bf16's speed.
+    decode target at T=1 where the issue sets one, else (and MXFP4 W4A16 rows) 0.85x of vLLM bf16's speed.
     """
     backend, shape, tokens, ms = str(entry["backend"]), str(entry["shape"]), int(str(entry["tokens"])), float(str(entry["ms"]))
-    if "nvfp4" in backend:
-        target = NVFP4_DECODE_TARGET_MS.get(shape) if tokens == 1 else None
+    if "nvfp4" in backend or "mxfp4" in backend:
+        target = NVFP4_DECODE_TARGET_MS.get(shape) if tokens == 1 and "nvfp4" in backend else None
         bar = VLLM_H200_MS.get((shape, tokens, "bf16"))
         if target is None and bar is not None:
             target = bar / NVFP4_PREFILL_SHARE
@@ -242,6 +247,18 @@ def fp8_block_layer(w13: torch.Tensor, w2: torch.Tensor) -> Fp8BlockMoeWeights:
     return Fp8BlockMoeWeights(w13=_fp8_in_chunks(Fp8BlockExpertWeights, w13), w2=_fp8_in_chunks(Fp8BlockExpertWeights, w2))
 
 
+def _mxfp4_in_chunks(w: torch.Tensor, chunk: int = 16) -> Mxfp4ExpertWeights:
+    """``Mxfp4ExpertWeights.quantize`` a few experts at a time (its float32 temporaries are 8x the bf16 weights)."""
+    parts = [Mxfp4ExpertWeights.quantize(w[i : i + chunk]) for i in range(0, w.shape[0], chunk)]
+    codes = E8M0Scales.from_checkpoint(torch.cat([p.scales.codes for p in parts]))
+    return Mxfp4ExpertWeights(torch.cat([p.packed for p in parts]), codes)
+
+
+def mxfp4_layer(w13: torch.Tensor, w2: torch.Tensor) -> Mxfp4MoeWeights:
+    """The layer in MXFP4 (no biases: the same SiLU-gated layer as every other row)."""
+    return Mxfp4MoeWeights(w13=_mxfp4_in_chunks(w13), w2=_mxfp4_in_chunks(w2))
+
+
 def quantized(w13: torch.Tensor, w2: torch.Tensor) -> Nvfp4MoeWeights:
     """The layer in NVFP4, gate and up with their own scales; the input scales are unused by W4A16."""
     inter = w2.shape[2]
@@ -273,7 +290,7 @@ def row(
 
 BACKENDS = (
     "triton-dense", "triton-fp8", "triton-fp8-channel", "triton-fp8-block", "triton-nvfp4-w4a16", "triton-nvfp4-w4a16-paths",
-    "flashinfer-cutlass-bf16", "flashinfer-cutlass-fp8",
+    "triton-mxfp4-w4a16", "triton-mxfp4-w4a16-paths", "flashinfer-cutlass-bf16", "flashinfer-cutlass-fp8",
 )
 """What ``--backends`` chooses from; ``torch._grouped_mm`` always runs (it is the baseline)."""
 
@@ -282,18 +299,27 @@ Bench = tuple[MoeForward, float, bool, bool]
 """A bound runner, bytes per weight, whether to autotune first, whether its roofline uses the FP8 rate."""
 
 
-def nvfp4_path(config: MoeRunnerConfig, weights: TritonNvfp4W4A16Weights, dequantize: bool) -> MoeForward:
-    """The NVFP4 W4A16 runner's fused path, or its dequantize-then-16-bit path, at any token count."""
+W4A16Weights = TypeVar("W4A16Weights", TritonNvfp4W4A16Weights, TritonMxfp4W4A16Weights)
+
+
+def w4a16_path(
+    config: MoeRunnerConfig,
+    weights: W4A16Weights,
+    gemms: Callable[[W4A16Weights, KernelConfig, KernelConfig, bool], tuple[Gemm, Gemm]],
+    fused_format: str,
+    dequantize: bool,
+) -> MoeForward:
+    """A W4A16 runner's fused path (tiles of ``fused_format``), or its dequantize-then-16-bit path, at any token count."""
     device = torch.cuda.get_device_name(weights.device)
 
     def forward(dispatch: DispatchOutput) -> torch.Tensor:
         hidden = dispatch.hidden_states
-        fmt = ("bf16" if hidden.dtype == torch.bfloat16 else "fp16") if dequantize else "nvfp4"
+        fmt = ("bf16" if hidden.dtype == torch.bfloat16 else "fp16") if dequantize else fused_format
         w13, w2 = choose(
             device, int(hidden.shape[0]), config.top_k, config.num_local_experts, config.hidden_size,
             config.intermediate_size_per_partition, fmt, False,
         )
-        return fused_moe(config, dispatch, *nvfp4_w4a16_gemms(weights, w13, w2, dequantize=dequantize))
+        return fused_moe(config, dispatch, *gemms(weights, w13, w2, dequantize))
 
     return forward
 
@@ -319,8 +345,17 @@ def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, ba
         if "triton-nvfp4-w4a16" in backends:
             runners["triton nvfp4 w4a16"] = (TRITON_NVFP4_W4A16.bind(config, nvfp4), 0.5 + 1 / 16, False, False)
         if "triton-nvfp4-w4a16-paths" in backends:
-            runners["triton nvfp4 w4a16 fused"] = (nvfp4_path(config, nvfp4, False), 0.5 + 1 / 16, False, False)
-            runners["triton nvfp4 w4a16 dequantized"] = (nvfp4_path(config, nvfp4, True), 0.5 + 1 / 16, False, False)
+            for label, dequantize in (("fused", False), ("dequantized", True)):
+                path = w4a16_path(config, nvfp4, nvfp4_w4a16_gemms, "nvfp4", dequantize)
+                runners[f"triton nvfp4 w4a16 {label}"] = (path, 0.5 + 1 / 16, False, False)
+    if "triton-mxfp4-w4a16" in backends or "triton-mxfp4-w4a16-paths" in backends:
+        mxfp4 = TritonMxfp4W4A16Weights.from_mxfp4(mxfp4_layer(w13, w2))
+        if "triton-mxfp4-w4a16" in backends:
+            runners["triton mxfp4 w4a16"] = (TRITON_MXFP4_W4A16.bind(config, mxfp4), 0.5 + 1 / 32, False, False)
+        if "triton-mxfp4-w4a16-paths" in backends:
+            for label, dequantize in (("fused", False), ("dequantized", True)):
+                path = w4a16_path(config, mxfp4, mxfp4_w4a16_gemms, "mxfp4", dequantize)
+                runners[f"triton mxfp4 w4a16 {label}"] = (path, 0.5 + 1 / 32, False, False)
     if "flashinfer-cutlass-bf16" in backends:
         verdict = FLASHINFER_CUTLASS_BF16.supports(DeviceSpec.of(w13.device), LayerSpec(config, DENSE))
         if verdict.ok:
@@ -378,7 +413,7 @@ def bench_shape(
             table.append(row("reference-dense", ref_ms, flops, hit * 3 * hidden * inter * 2.0, ceilings, base))
             for entry in table:
                 out = outputs.get(str(entry["backend"]).removesuffix(" (eager)"))
-                if out is not None and "nvfp4" not in str(entry["backend"]):
+                if out is not None and "fp4" not in str(entry["backend"]):
                     entry["rel_err_vs_reference"] = float((out.double() - reference_out.double()).norm() / reference_out.double().norm())
         for entry in table:
             entry.update(shape=name, tokens=tokens, experts_hit=hit)

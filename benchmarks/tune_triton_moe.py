@@ -6,12 +6,13 @@ runners then read instead.
 Run from the repository root on a CUDA GPU::
 
     python benchmarks/tune_triton_moe.py [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096]
-        [--formats bf16,fp8,fp8-block,nvfp4] [--out PATH]
+        [--formats bf16,fp8,fp8-block,nvfp4,mxfp4] [--out PATH]
 
 For each layer shape, format and token count it sorts one random routing,
 times every candidate config of each GEMM alone (``triton.testing.do_bench``,
 median), keeps per row block the fastest of each GEMM and writes the row
-block with the smallest sum. FP8 is timed per tensor with static input
+block with the smallest sum, and times :func:`~moe_core.backends.triton.configs.heuristic`'s pair beside it (what an
+untuned shape gets: ``heuristic_ms`` in the entry). FP8 is timed per tensor with static input
 scales (the first GEMM writes E4M3); block-scaled FP8 with unit 1x128 group
 scales (the first GEMM writes bf16). A candidate that fails to compile or run is
 skipped. Entries for other shapes already in the file are kept.
@@ -32,13 +33,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_moe import SHAPES, fp8_block_layer, fp8_layer, quantized, random_weights  # noqa: E402
+from benchmarks.bench_moe import SHAPES, fp8_block_layer, fp8_layer, mxfp4_layer, quantized, random_weights  # noqa: E402
 from moe_core import MoeRunnerConfig, select_experts  # noqa: E402
-from moe_core.backends.triton.configs import DECODE_ROWS, KernelConfig, device_file, layer_key  # noqa: E402
+from moe_core.backends.triton.configs import DECODE_ROWS, KernelConfig, device_file, heuristic, layer_key, widest_block_k  # noqa: E402
 from moe_core.backends.triton.quant_info import (  # noqa: E402
     TritonDenseWeights,
     TritonFp8BlockWeights,
     TritonFp8Weights,
+    TritonMxfp4W4A16Weights,
     TritonNvfp4W4A16Weights,
 )
 from moe_core.backends.triton.runner import (  # noqa: E402
@@ -48,6 +50,7 @@ from moe_core.backends.triton.runner import (  # noqa: E402
     fp8_block_gemms,
     fp8_gemms,
     launch,
+    mxfp4_w4a16_gemms,
     nvfp4_w4a16_gemms,
 )
 from moe_core.backends.triton.sorting import SortedTokens  # noqa: E402
@@ -63,8 +66,8 @@ def candidates(rows_per_expert: float, k: int, fmt: str) -> dict[int, list[Kerne
     """Candidate configs by row block, narrowed to the regime (decode, middle, prefill)."""
     stages = [3, 4]
     if rows_per_expert <= DECODE_ROWS / 2:
-        # NVFP4 decodes its weights with the ALUs: narrower tiles put more programs on the SMs (H200, T=1: 64 stayed best)
-        block_ms, block_ns, block_ks, warps = [16], [32, 64, 128] if fmt == "nvfp4" else [64, 128], [128, 256], [4]
+        # NVFP4 and MXFP4 decode its weights with the ALUs: narrower tiles put more programs on the SMs (H200, T=1: 64 stayed best)
+        block_ms, block_ns, block_ks, warps = [16], [32, 64, 128] if fmt in ("nvfp4", "mxfp4") else [64, 128], [128, 256], [4]
     elif rows_per_expert <= DECODE_ROWS:
         block_ms, block_ns, block_ks, warps = [16, 32], [64, 128], [128, 256], [4]
     elif rows_per_expert <= 128 and fmt in ("bf16", "fp16"):
@@ -80,12 +83,13 @@ def candidates(rows_per_expert: float, k: int, fmt: str) -> dict[int, list[Kerne
         block_ms, block_ns, block_ks, warps = [64, 128], [64, 128], [64], [4, 8]
     if fmt == "fp8-block":
         block_ks = [min(block_k, FP8_BLOCK) for block_k in block_ks]  # a tile stays inside its 128 block
+    # K off the power-of-two grid (gpt-oss's 2880): the widest tile that divides it
+    block_ks = [block_k if k % block_k == 0 else widest_block_k(k, fmt, block_k) for block_k in block_ks]
     out: dict[int, list[KernelConfig]] = {}
     for block_m in block_ms:
         out[block_m] = [
             KernelConfig(block_m, block_n, block_k, 8 if block_m > 16 else 1, warp, stage)
             for block_n, block_k, warp, stage in itertools.product(block_ns, sorted(set(block_ks)), warps, stages)
-            if k % block_k == 0
         ]
     return out
 
@@ -103,6 +107,13 @@ def tune_gemm(run: Callable[[KernelConfig], float], configs: list[KernelConfig])
             best = (config, ms)
     assert best is not None, "no candidate ran"
     return best
+
+
+def time_gemm(launch_one: Callable[[KernelConfig, SortedTokens], None], config: KernelConfig, sorted_tokens: SortedTokens) -> float:
+    """Median ms of one GEMM launch under ``config`` (``do_bench``, short: a tuning sweep times hundreds)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(lambda: launch_one(config, sorted_tokens), warmup=5, rep=25, return_mode="median"))
 
 
 GemmFor = Callable[[int, KernelConfig], Gemm]
@@ -123,7 +134,10 @@ def gemm_for(fmt: str, config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Ten
     if fmt == "nvfp4":
         nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2).without_activation_quantization())
         return lambda index, c: nvfp4_w4a16_gemms(nvfp4, c, c)[index]
-    raise ValueError(f"--formats: unknown {fmt!r}; choose from bf16, fp8, fp8-block, nvfp4")
+    if fmt == "mxfp4":
+        mxfp4 = TritonMxfp4W4A16Weights.from_mxfp4(mxfp4_layer(w13, w2))
+        return lambda index, c: mxfp4_w4a16_gemms(mxfp4, c, c)[index]
+    raise ValueError(f"--formats: unknown {fmt!r}; choose from bf16, fp8, fp8-block, nvfp4, mxfp4")
 
 
 @final
@@ -180,8 +194,6 @@ def gemm_case(fmt: str, gemm: GemmFor, config: MoeRunnerConfig, tokens: int, gen
 
 
 def main() -> None:
-    import triton.testing
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="mixtral,qwen3,deepseek")
     parser.add_argument("--tokens", default="1,16,64,1024,4096")
@@ -204,23 +216,20 @@ def main() -> None:
                 for block_m, configs13 in candidates(tokens * top_k / experts, hidden, fmt).items():
                     sorted_tokens = sort_tokens(case.topk_ids, experts, 0, block_m)
                     configs2 = candidates(tokens * top_k / experts, inter, fmt)[block_m]
-
-                    def time13(c: KernelConfig) -> float:
-                        fn = lambda: case.first(c, sorted_tokens)  # noqa: E731
-                        return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
-
-                    def time2(c: KernelConfig) -> float:
-                        fn = lambda: case.second(c, sorted_tokens)  # noqa: E731
-                        return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
-
-                    c13, ms13 = tune_gemm(time13, configs13)
-                    c2, ms2 = tune_gemm(time2, configs2)
+                    c13, ms13 = tune_gemm(lambda c: time_gemm(case.first, c, sorted_tokens), configs13)  # noqa: B023
+                    c2, ms2 = tune_gemm(lambda c: time_gemm(case.second, c, sorted_tokens), configs2)  # noqa: B023
                     if best_total is None or ms13 + ms2 < best_total[0]:
                         best_total = (ms13 + ms2, c13, c2)
                 assert best_total is not None
                 total, c13, c2 = best_total
-                entries[str(tokens)] = {"w13": c13.as_dict(), "w2": c2.as_dict(), "ms": round(total, 5)}
-                print(f"  {name} {fmt} T={tokens}: {total:.4f} ms  w13 {c13}  w2 {c2}", flush=True)
+                h13, h2 = heuristic(tokens, top_k, experts, hidden, inter, fmt, False)
+                sorted_tokens = sort_tokens(case.topk_ids, experts, 0, h13.block_m)
+                guess = time_gemm(case.first, h13, sorted_tokens) + time_gemm(case.second, h2, sorted_tokens)
+                entries[str(tokens)] = {"w13": c13.as_dict(), "w2": c2.as_dict(), "ms": round(total, 5), "heuristic_ms": round(guess, 5)}
+                print(
+                    f"  {name} {fmt} T={tokens}: {total:.4f} ms  w13 {c13}  w2 {c2}; heuristic {guess:.4f} ms "
+                    f"(the heuristic at {total / guess:.0%} of the tuned speed)", flush=True,
+                )
                 out_path.write_text(json.dumps(table, indent=1, sort_keys=True))
     print(f"wrote {out_path}")
 

@@ -40,11 +40,14 @@ def test_markdown_prints_a_saved_result(tmp_path: Path, monkeypatch: pytest.Monk
         ("triton-nvfp4-w4a16", "mixtral", 1, 0.215, "behind 0.33x"),
         ("triton-nvfp4-w4a16", "mixtral", 4096, 6.62, "behind 0.99x"),
         ("triton-nvfp4-w4a16", "mixtral", 4096, 6.0, "ahead 1.09x"),
+        ("triton mxfp4 w4a16", "mixtral", 1, 0.25, "behind 0.91x"),
+        ("triton mxfp4 w4a16 fused", "qwen3", 4096, 0.5, "ahead 1.96x"),
         ("torch._grouped_mm", "mixtral", 1, 0.34, "-"),
         ("triton-dense", "gpt-oss-120b", 1, 0.1, "-"),
     ],
 )
 def test_verdict_against_the_bar(backend: str, shape: str, tokens: int, ms: float, expected: str) -> None:
     """The issue's figures are the bar: vLLM bf16 for bf16 rows, vLLM FP8 for FP8 rows, the NVFP4 targets (0.07 ms at
-    Mixtral T=1; 0.85x vLLM bf16's speed in prefill) for NVFP4 W4A16 rows; rows without one get no verdict."""
+    Mixtral T=1; 0.85x vLLM bf16's speed in prefill) for NVFP4 W4A16 rows, 0.85x vLLM bf16's speed for MXFP4 W4A16
+    rows at every T; rows without one get no verdict."""
     assert bench_moe.verdict({"backend": backend, "shape": shape, "tokens": tokens, "ms": ms}) == expected

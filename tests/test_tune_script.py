@@ -21,7 +21,7 @@ from moe_core.backends.triton.sorting import sort_tokens
 CONFIG = MoeRunnerConfig(num_experts=4, hidden_size=128, intermediate_size_per_partition=128, top_k=2)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp8-block", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp8-block", "nvfp4", "mxfp4"])
 def test_each_format_launches_both_gemms(gen: torch.Generator, fmt: str) -> None:
     hidden, inter = CONFIG.hidden_size, CONFIG.intermediate_size_per_partition
     w13 = (torch.randn(4, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)).to(torch.bfloat16)
@@ -75,3 +75,17 @@ def test_32_row_blocks_grouped_match_16_row_blocks(gen: torch.Generator, fmt: st
     for first, second in zip(*outputs):
         torch.testing.assert_close(second, first, rtol=1e-5, atol=1e-5)
     assert float(outputs[1][1].abs().max()) > 0
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4"])
+@pytest.mark.parametrize("rows_per_expert", [0.25, 16.0, 64.0, 1024.0])
+def test_candidates_exist_for_k_off_the_power_of_two_grid(fmt: str, rows_per_expert: float) -> None:
+    """gpt-oss's K = 2880 (64 x 45) divides no 128 or 256 tile: every regime still gets tiles that divide it."""
+    table = candidates(rows_per_expert, 2880, fmt)
+    assert all(configs for configs in table.values())
+    assert all(2880 % c.block_k == 0 and c.block_k >= 32 for configs in table.values() for c in configs)
+
+
+def test_candidates_keep_the_widest_tiles_where_k_allows() -> None:
+    """K = 4096 keeps bf16's 256-wide decode tiles (the tuned H200 table holds several)."""
+    assert {c.block_k for c in candidates(0.25, 4096, "bf16")[16]} == {128, 256}

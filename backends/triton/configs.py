@@ -79,7 +79,7 @@ ONE_BYTE_FORMATS = ("nvfp4", "mxfp4", "fp8", "fp8-block")
 K >= 32; NVFP4 tiles hold whole 32-element pairs of blocks, MXFP4 tiles whole 32-element blocks)."""
 
 
-def _block_k(k: int, fmt: str, widest: int) -> int:
+def widest_block_k(k: int, fmt: str, widest: int) -> int:
     """The widest K tile up to ``widest`` that divides ``k``."""
     one_byte = fmt in ONE_BYTE_FORMATS
     smallest = 32 if one_byte else 16
@@ -171,8 +171,8 @@ def heuristic(
     if fmt == "fp8-block" and block_m == 128:
         block_n = 64  # each K tile's fresh products sit beside both accumulators: half the columns, no spills
     return (
-        KernelConfig(block_m, block_n, _block_k(hidden, fmt, widest), group, warps, stages),
-        KernelConfig(block_m, block_n, _block_k(inter, fmt, widest), group, warps, stages),
+        KernelConfig(block_m, block_n, widest_block_k(hidden, fmt, widest), group, warps, stages),
+        KernelConfig(block_m, block_n, widest_block_k(inter, fmt, widest), group, warps, stages),
     )
 
 
