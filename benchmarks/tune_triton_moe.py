@@ -66,7 +66,7 @@ def candidates(rows_per_expert: float, k: int, fmt: str) -> dict[int, list[Kerne
     """Candidate configs by row block, narrowed to the regime (decode, middle, prefill)."""
     stages = [3, 4]
     if rows_per_expert <= DECODE_ROWS / 2:
-        # NVFP4 and MXFP4 decode its weights with the ALUs: narrower tiles put more programs on the SMs (H200, T=1: 64 stayed best)
+        # NVFP4 and MXFP4 decode their weights with the ALUs: narrower tiles put more programs on the SMs (H200, T=1: 64 stayed best)
         block_ms, block_ns, block_ks, warps = [16], [32, 64, 128] if fmt in ("nvfp4", "mxfp4") else [64, 128], [128, 256], [4]
     elif rows_per_expert <= DECODE_ROWS:
         block_ms, block_ns, block_ks, warps = [16, 32], [64, 128], [128, 256], [4]
