@@ -368,23 +368,27 @@ weights and inputs."""
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_block_in_bf16_on_cuda_through_the_chosen_kernel(family: str, gen: torch.Generator) -> None:
     """The swapped block in bf16 on the GPU, through the backend selection chooses there (Triton where it computes the
-    family), against float32 on the same bf16 weights and inputs, within the bf16 tier. Transformers' own bf16 block
-    is measured beside it for context (lfm2_moe's is 0.8 off: its bf16 normalization), not as a bound.
+    family), within the bf16 tier of float32 on the same bf16 weights and inputs, or of transformers' own bf16 block.
+
+    Both compute their router logits in bf16 (F.linear in the weights' dtype): where bf16 logits choose other experts
+    than float32's (H200: jamba 4.3e-2, qwen3_vl_moe 0.18 off float32, moe-core and transformers alike), the block's
+    own bf16 forward is the comparison; a kernel computing something else is far from both.
     """
     gpu = copy.deepcopy(_block(family, gen)).to("cuda", torch.bfloat16)
     x = (torch.randn(3, 7, 32, generator=gen) * (4.0 if family in CLAMPED else 1.0)).to(torch.bfloat16)
     with torch.no_grad():
         truth = _output(copy.deepcopy(gpu).float().cpu()(x.float()))
-        theirs = _output(gpu(x.cuda()))
+        theirs = _output(gpu(x.cuda())).float().cpu().view(truth.shape)
         holder = _Holder(gpu, _config(family))
         (swapped,) = swap_moe_blocks(holder, device=torch.device("cuda"))
         ours = _output(holder.mlp(x.cuda()))
     assert ours.dtype == torch.bfloat16 and ours.device.type == "cuda"
-    error = _relative_error(ours.float().cpu().view(truth.shape), truth)
-    baseline = _relative_error(theirs.float().cpu().view(truth.shape), truth)
-    print(f"{family}: bf16 on {torch.cuda.get_device_name()} through {swapped.backend}: "
-          f"max relative error {error:.2e} (transformers' own bf16 block: {baseline:.2e})")
-    assert error <= BF16_TIER
+    ours_cpu = ours.float().cpu().view(truth.shape)
+    error, against_theirs = _relative_error(ours_cpu, truth), _relative_error(ours_cpu, theirs)
+    print(f"{family}: bf16 on {torch.cuda.get_device_name()} through {swapped.backend}: max relative error "
+          f"{error:.2e} (transformers' own bf16 block: {_relative_error(theirs, truth):.2e}; ours against it: "
+          f"{against_theirs:.2e})")
+    assert min(error, against_theirs) <= BF16_TIER
 
 
 def _output(result: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
