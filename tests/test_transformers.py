@@ -368,11 +368,12 @@ weights and inputs."""
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_block_in_bf16_on_cuda_through_the_chosen_kernel(family: str, gen: torch.Generator) -> None:
     """The swapped block in bf16 on the GPU, through the backend selection chooses there (Triton where it computes the
-    family), within the bf16 tier of float32 on the same bf16 weights and inputs, or of transformers' own bf16 block.
+    family), within the bf16 tier of float32 on the same bf16 weights and inputs, or within twice the tier of
+    transformers' own bf16 block (both sides round to bf16).
 
     Both compute their router logits in bf16 (F.linear in the weights' dtype): where bf16 logits choose other experts
-    than float32's (H200: jamba 4.3e-2, qwen3_vl_moe 0.18 off float32, moe-core and transformers alike), the block's
-    own bf16 forward is the comparison; a kernel computing something else is far from both.
+    than float32's (H200: jamba, qwen2_moe, mellum, qwen3_vl_moe 4e-2 to 0.18 off float32, moe-core and transformers
+    alike), the block's own bf16 forward is the comparison; a kernel computing something else is far from both.
     """
     gpu = copy.deepcopy(_block(family, gen)).to("cuda", torch.bfloat16)
     x = (torch.randn(3, 7, 32, generator=gen) * (4.0 if family in CLAMPED else 1.0)).to(torch.bfloat16)
@@ -388,7 +389,7 @@ def test_block_in_bf16_on_cuda_through_the_chosen_kernel(family: str, gen: torch
     print(f"{family}: bf16 on {torch.cuda.get_device_name()} through {swapped.backend}: max relative error "
           f"{error:.2e} (transformers' own bf16 block: {_relative_error(theirs, truth):.2e}; ours against it: "
           f"{against_theirs:.2e})")
-    assert min(error, against_theirs) <= BF16_TIER
+    assert error <= BF16_TIER or against_theirs <= 2 * BF16_TIER
 
 
 def _output(result: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
