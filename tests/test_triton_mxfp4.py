@@ -220,7 +220,8 @@ def test_conversion_keeps_codes_and_exponents_and_refuses_what_the_kernel_cannot
     assert torch.equal(kernel_weights.w13_packed, weights.w13.packed)
     assert torch.equal(kernel_weights.w2_scales.codes, weights.w2.scales.codes)
     assert kernel_weights.biases is not None and kernel_weights.biases.w13.dtype == torch.float32
-    assert (kernel_weights.num_experts, kernel_weights.hidden_size, kernel_weights.intermediate_size) == (4, 64, 32)
+    _, _, _, hidden, inter, local, _ = SHAPES[0]
+    assert (kernel_weights.num_experts, kernel_weights.hidden_size, kernel_weights.intermediate_size) == (local, hidden, inter)
     codes = weights.w2.scales.codes.clone()
     codes[1, 3, 0] = MXFP4_MAX_EXPONENT + 1
     huge = Mxfp4MoeWeights(w13=weights.w13, w2=Mxfp4ExpertWeights(weights.w2.packed, E8M0Scales.from_checkpoint(codes)))
