@@ -80,5 +80,6 @@ def test_nvfp4_crossover_is_read_per_layer_with_the_rows_heuristic_elsewhere(
 def test_committed_crossovers_name_tuned_layers() -> None:
     data = json.loads((CONFIG_DIR / "NVIDIA_H200.nvfp4_dequantize.json").read_text())
     tuned = json.loads((CONFIG_DIR / "NVIDIA_H200.json").read_text())
-    for key, entry in data.items():
-        assert key in tuned and key.endswith(",nvfp4") and int(entry["rows_per_expert"]) > 0
+    for key, entry in data.items():  # the workspace path runs the layer's tuned bf16 tiles
+        layer, _, fmt = key.rpartition(",")
+        assert fmt in ("nvfp4", "mxfp4") and f"{layer},bf16" in tuned and int(entry["rows_per_expert"]) > 0

@@ -42,7 +42,7 @@ from moe_core import (
 )
 from moe_core.backends.reference import REFERENCE_MXFP4
 from moe_core.backends.triton import TRITON_MXFP4_W4A16, runner
-from moe_core.backends.triton.configs import MXFP4_DEQUANTIZE_ROWS, KernelConfig, mxfp4_dequantizes
+from moe_core.backends.triton.configs import MXFP4_DEQUANTIZE_ROWS, KernelConfig, crossover_file, mxfp4_dequantizes
 from moe_core.backends.triton.quant_info import MXFP4_MAX_EXPONENT, TritonMxfp4W4A16Weights
 from moe_core.backends.triton.runner import dequantize_mxfp4
 from moe_core.capability import DeviceSpec, LayerSpec
@@ -300,6 +300,14 @@ def test_the_crossover_default_and_the_interpreter() -> None:
     assert not mxfp4_dequantizes("NVIDIA H200", rows * 32 // 4 - 1, 4, 32, 2880, 2880, False)
     assert mxfp4_dequantizes("NVIDIA H200", rows * 32 // 4, 4, 32, 2880, 2880, False)
     assert mxfp4_dequantizes("cpu", rows * 32 // 4, 4, 32, 2880, 2880, True)
+
+
+def test_gpt_oss_120b_takes_its_measured_h200_crossover() -> None:
+    """The H200 measurement (benchmarks/RESULTS.md): the fused kernel up to 16 rows per expert (T=512), the workspace
+    from 32 (T=1024)."""
+    assert crossover_file("NVIDIA H200").exists()
+    assert not mxfp4_dequantizes("NVIDIA H200", 512, 4, 128, 2880, 2880, False)
+    assert mxfp4_dequantizes("NVIDIA H200", 1024, 4, 128, 2880, 2880, False)
 
 
 @pytest.mark.parametrize("dequantize", [False, True], ids=["fused", "dequantized"])

@@ -102,8 +102,9 @@ again in each row block of the fused kernel. Mixtral's crossover on the H200 (16
 
 
 def crossover_file(device_name: str) -> Path:
-    """The measured NVFP4 W4A16 crossovers' path beside the device's tuned table: ``{layer key: {"rows_per_expert":
-    n, ...}}``, each from ``benchmarks/bench_moe.py --backends triton-nvfp4-w4a16-paths`` on that device."""
+    """The measured NVFP4 and MXFP4 W4A16 crossovers' path beside the device's tuned table: ``{layer key:
+    {"rows_per_expert": n, ...}}``, each from ``benchmarks/bench_moe.py --backends triton-nvfp4-w4a16-paths`` (or
+    ``triton-mxfp4-w4a16-paths``) on that device."""
     table = device_file(device_name)
     return table.with_name(table.stem + ".nvfp4_dequantize.json")
 
@@ -131,11 +132,10 @@ def nvfp4_dequantizes(
     return tokens * top_k >= (NVFP4_DEQUANTIZE_ROWS if measured is None else measured) * experts
 
 
-MXFP4_DEQUANTIZE_ROWS = 64
+MXFP4_DEQUANTIZE_ROWS = 32
 """Untuned shapes: from this many rows per local expert on average, MXFP4 W4A16 expands its weights into a bf16
-workspace and runs the 16-bit kernels. Not measured (no GPU when it was written): twice NVFP4's Mixtral crossover,
-inside Qwen3's many-expert range (64-256 rows on the H200), which gpt-oss's layers (32-128 experts, I=2880)
-resemble; the fused path is correct at every count, so a late switch costs only prefill speed, never accuracy."""
+workspace and runs the 16-bit kernels. gpt-oss-120b's layer (E=128, I=2880) crosses between 16 and 32 on the H200
+(T=512: fused 3.83 ms, workspace 4.18; T=1024: 7.14 and 4.80), like NVFP4's Mixtral."""
 
 
 def mxfp4_dequantizes(
