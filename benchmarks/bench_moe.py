@@ -28,7 +28,7 @@ rate) / time``, the ratio of ``torch._grouped_mm``'s time to this one's, and a v
 The reference backend runs at T <= 16 only. ``--host-overhead`` adds the
 eager per-call time at T=1 minus the graph-replay time. Results go to stdout
 and, with ``--json PATH``, to a file (rewritten after each shape); ``--markdown PATH`` prints such a file
-as a Markdown table.
+as a Markdown table (``--pivot``: a line per shape and token count, a column per backend, verdicts as +1.12x/-0.87x).
 """
 
 from __future__ import annotations
@@ -127,7 +127,9 @@ def verdict(entry: dict[str, object]) -> str:
     decode target at T=1 where the issue sets one, else (and MXFP4 W4A16 rows) 0.85x of vLLM bf16's speed.
     """
     backend, shape, tokens, ms = str(entry["backend"]), str(entry["shape"]), int(str(entry["tokens"])), float(str(entry["ms"]))
-    if "nvfp4" in backend or "mxfp4" in backend:
+    if backend.startswith("reference"):
+        target = None
+    elif "nvfp4" in backend or "mxfp4" in backend:
         target = NVFP4_DECODE_TARGET_MS.get(shape) if tokens == 1 and "nvfp4" in backend else None
         bar = VLLM_H200_MS.get((shape, tokens, "bf16"))
         if target is None and bar is not None:
@@ -499,6 +501,21 @@ def print_table(rows: list[dict[str, object]], markdown: bool = False) -> None:
             print("  ".join("-" * width for width in widths))
 
 
+def print_pivot(rows: list[dict[str, object]]) -> None:
+    """The rows as one Markdown line per shape and token count, one column per backend: ms, then the verdict against
+    the bar where there is one (the side-by-side view of a run, for ``benchmarks/RESULTS.md``)."""
+    backends = list(dict.fromkeys(str(r["backend"]) for r in rows if r["backend"] != "reference-dense"))
+    cells: dict[tuple[str, int], dict[str, str]] = {}
+    for r in rows:
+        judged = verdict(r)
+        cell = f"{float(str(r['ms'])):.3f}" + ("" if judged == "-" else f" ({judged.replace('ahead ', '+').replace('behind ', '-')})")
+        cells.setdefault((str(r["shape"]), int(str(r["tokens"]))), {})[str(r["backend"])] = cell
+    print("| shape | T | " + " | ".join(backends) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in backends) + " |")
+    for (shape, tokens), line in cells.items():
+        print(f"| {shape} | {tokens} | " + " | ".join(line.get(b, "-") for b in backends) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="mixtral,qwen3,deepseek")
@@ -507,10 +524,14 @@ def main() -> None:
     parser.add_argument("--host-overhead", action="store_true")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path, metavar="JSON", help="print a saved --json result as Markdown, run nothing")
+    parser.add_argument("--pivot", action="store_true", help="with --markdown: one line per shape and T, a column per backend")
     args = parser.parse_args()
     if args.markdown:
         saved = json.loads(args.markdown.read_text())
-        print_table(saved["rows"], markdown=True)
+        if args.pivot:
+            print_pivot(saved["rows"])
+        else:
+            print_table(saved["rows"], markdown=True)
         return
     backends = args.backends.split(",")
     unknown = sorted(set(backends) - set(BACKENDS))

@@ -31,6 +31,22 @@ def test_markdown_prints_a_saved_result(tmp_path: Path, monkeypatch: pytest.Monk
     ]
 
 
+def test_pivot_puts_each_shape_and_token_count_on_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "result.json"
+    more = {**ROWS[0], "tokens": 16, "ms": 1.05}
+    saved.write_text(json.dumps({"rows": [*ROWS, more]}))
+    monkeypatch.setattr(sys, "argv", ["bench_moe.py", "--markdown", str(saved), "--pivot"])
+    bench_moe.main()
+    assert capsys.readouterr().out.splitlines() == [
+        "| shape | T | torch._grouped_mm | triton fp8 static |",
+        "| --- | --- | --- | --- |",
+        "| mixtral | 1 | 0.344 | 0.120 (+1.08x) |",
+        "| mixtral | 16 | 1.050 | - |",
+    ]
+
+
 @pytest.mark.parametrize(
     ("backend", "shape", "tokens", "ms", "expected"),
     [
@@ -43,6 +59,7 @@ def test_markdown_prints_a_saved_result(tmp_path: Path, monkeypatch: pytest.Monk
         ("triton mxfp4 w4a16", "mixtral", 1, 0.25, "behind 0.91x"),
         ("triton mxfp4 w4a16 fused", "qwen3", 4096, 0.5, "ahead 1.96x"),
         ("torch._grouped_mm", "mixtral", 1, 0.34, "-"),
+        ("reference-dense", "mixtral", 1, 30.0, "-"),
         ("triton-dense", "gpt-oss-120b", 1, 0.1, "-"),
     ],
 )
