@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from moe_core.config import ExpertActivation as ExpertActivation
     from moe_core.config import GroupedTopK as GroupedTopK
     from moe_core.config import Llama4Sigmoid as Llama4Sigmoid
+    from moe_core.config import RoutedWeights as RoutedWeights
     from moe_core.config import Routing as Routing
     from moe_core.config import SigmoidTopK as SigmoidTopK
     from moe_core.config import SparseMixer as SparseMixer
@@ -120,6 +121,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "GroupedTopK",
         "Llama4Sigmoid",
         "MoeRunnerConfig",
+        "RoutedWeights",
         "Routing",
         "RoutingMethod",
         "SigmoidTopK",
@@ -264,6 +266,7 @@ __all__ = [
     "QuantInfo",
     "QuantizeGlobalScale",
     "Route",
+    "RoutedWeights",
     "Router",
     "Routing",
     "RoutingMethod",

@@ -126,6 +126,18 @@ ACTIVATION_TYPES = (Activation, ClampedSwiglu)
 """The classes of :data:`ExpertActivation`, for checks at run time."""
 
 
+class RoutedWeights(enum.Enum):
+    """What every token's top-k weights satisfy under a routing method (before ``routed_scaling_factor``, which
+    runners apply to the output): a dispatch routed elsewhere must satisfy it too, and is checked with its values."""
+
+    SUM_TO_ONE = "each token's weights sum to 1"
+    """Renormalized methods."""
+    SUM_AT_MOST_ONE = "each token's weights sum to at most 1"
+    """Softmax over all experts, k of the probabilities kept."""
+    EACH_AT_MOST_ONE = "each weight is at most 1"
+    """Sigmoid scores (and PhiMoE's per-pick softmaxes), not renormalized."""
+
+
 class RoutingMethod(enum.Enum):
     """How router logits become top-k ids and weights, for the methods without parameters.
 
@@ -144,6 +156,11 @@ class RoutingMethod(enum.Enum):
         """False: the weights scale each expert's output."""
         return False
 
+    @property
+    def routed_weights(self) -> RoutedWeights:
+        """What its top-k weights satisfy."""
+        return RoutedWeights.SUM_TO_ONE if self is RoutingMethod.TOPK_RENORMALIZE else RoutedWeights.SUM_AT_MOST_ONE
+
 
 @final
 @attrs.frozen(kw_only=True)
@@ -161,6 +178,11 @@ class SigmoidTopK:
     def scales_input(self) -> bool:
         """False: the weights scale each expert's output."""
         return False
+
+    @property
+    def routed_weights(self) -> RoutedWeights:
+        """What its top-k weights satisfy."""
+        return RoutedWeights.SUM_TO_ONE if self.renormalize else RoutedWeights.EACH_AT_MOST_ONE
 
 
 @final
@@ -195,6 +217,11 @@ class GroupedTopK:
         """False: the weights scale each expert's output."""
         return False
 
+    @property
+    def routed_weights(self) -> RoutedWeights:
+        """What its top-k weights satisfy."""
+        return RoutedWeights.SUM_TO_ONE if self.renormalize else RoutedWeights.EACH_AT_MOST_ONE
+
 
 @final
 @attrs.frozen
@@ -215,6 +242,11 @@ class Llama4Sigmoid:
     def scales_input(self) -> bool:
         """True: the weights scale each expert's input."""
         return True
+
+    @property
+    def routed_weights(self) -> RoutedWeights:
+        """What its top-k weights satisfy."""
+        return RoutedWeights.EACH_AT_MOST_ONE
 
 
 @final
@@ -239,6 +271,11 @@ class SparseMixer:
     def scales_input(self) -> bool:
         """False: the weights scale each expert's output."""
         return False
+
+    @property
+    def routed_weights(self) -> RoutedWeights:
+        """What its top-k weights satisfy."""
+        return RoutedWeights.EACH_AT_MOST_ONE
 
 
 Routing: TypeAlias = RoutingMethod | SigmoidTopK | GroupedTopK | Llama4Sigmoid | SparseMixer

@@ -38,7 +38,7 @@ from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig
 from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
 from moe_core.dispatch import DispatchOutput, StandardDispatchOutput
-from moe_core.runner import LayerChecked, QuantInfo, Runner
+from moe_core.runner import LayerChecked, QuantInfo, Runner, check_run_values
 
 ENTRY_POINT_GROUP = "moe_core.backends"
 """Entry-point group whose modules register backends when imported."""
@@ -71,7 +71,11 @@ class BoundRunner(Generic[Q]):
     def __call__(self, dispatch: DispatchOutput, /) -> torch.Tensor:
         """``runner.run(dispatch, quant_info)``; for standard dispatches, the output is held to the
         :class:`~moe_core.runner.Runner` contract (``[T, H]`` in the hidden states' dtype and device), so a backend that
-        returns something else is named instead of passing it on."""
+        returns something else is named instead of passing it on. A top-k built with ``check_values`` (the default)
+        has its values checked against the layer first (:func:`~moe_core.runner.check_run_values`), whichever
+        backend runs: kernels read no values."""
+        if dispatch.topk.check_values:
+            check_run_values(self.runner.config, dispatch)
         out = self.runner.run(dispatch, self.quant_info)
         if isinstance(dispatch, StandardDispatchOutput):
             hidden = dispatch.hidden_states

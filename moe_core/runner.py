@@ -6,8 +6,14 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 import torch
 
-from moe_core._checks import require_distinct_per_row, require_finite, require_finite_non_negative, require_ids_in_range
-from moe_core.config import MoeRunnerConfig
+from moe_core._checks import (
+    require_distinct_per_row,
+    require_finite,
+    require_finite_non_negative,
+    require_ids_in_range,
+    values_readable,
+)
+from moe_core.config import MoeRunnerConfig, RoutedWeights
 from moe_core.dispatch import DispatchFormat, DispatchOutput
 
 
@@ -111,12 +117,51 @@ def check_run_values(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:
     """Raise ``ValueError`` unless the dispatch's values are valid for ``config``.
 
     Every top-k id a global expert id of ``config`` and distinct within its
-    row, top-k weights and hidden states finite. Reads the values back (device
-    synchronizations; skipped on meta and during CUDA graph capture): for
-    reference and debugging runners, not for kernels' hot paths.
+    row, top-k weights and hidden states finite, and, where the top-k was
+    built with ``check_values``, the weights what the config's routing method
+    gives (:class:`~moe_core.config.RoutedWeights`: weights already
+    multiplied by ``routed_scaling_factor``, or not renormalized, are
+    refused). Reads the values back (device synchronizations; skipped on meta
+    and during CUDA graph capture): for reference and debugging runners, and
+    for every bound runner whose top-k checks its values.
     """
     topk = dispatch.topk
     require_ids_in_range("topk_ids", topk.topk_ids, config.num_experts, "num_experts")
     require_distinct_per_row("topk_ids", topk.topk_ids)
     require_finite_non_negative("topk_weights", topk.topk_weights)
     require_finite("hidden_states", dispatch.hidden_states)
+    if topk.check_values:
+        _require_routed_weights(topk.topk_weights, config)
+
+
+ROUTED_WEIGHTS_SLACK = 1e-2
+"""How far a token's weights may sit outside their method's bound: weights computed in bf16 and summed in float32
+(k = 8: at most about 8 x 2^-9)."""
+
+
+def _require_routed_weights(weights: torch.Tensor, config: MoeRunnerConfig) -> None:
+    """Raise ``ValueError`` naming the routing method unless every token's weights satisfy its bound."""
+    if not values_readable(weights) or not weights.numel():
+        return
+    method = config.routing_method
+    bound = method.routed_weights
+    sums = weights.sum(dim=1)
+    if bound is RoutedWeights.SUM_TO_ONE:
+        worst = float((sums - 1).abs().max())
+        bad = worst > ROUTED_WEIGHTS_SLACK
+        found = f"a token's weights sum to {float(sums[(sums - 1).abs().argmax()]):.4g}"
+    elif bound is RoutedWeights.SUM_AT_MOST_ONE:
+        bad = float(sums.max()) > 1 + ROUTED_WEIGHTS_SLACK
+        found = f"a token's weights sum to {float(sums.max()):.4g}"
+    else:
+        bad = float(weights.max()) > 1 + ROUTED_WEIGHTS_SLACK
+        found = f"a weight of {float(weights.max()):.4g}"
+    if bad:
+        scaling = (
+            f"; routed_scaling_factor={config.routed_scaling_factor:g} is the runner's to apply, not the weights'"
+            if config.routed_scaling_factor != 1.0 else ""
+        )
+        raise ValueError(
+            f"topk_weights: {method.value} routing gives weights where {bound.value}, but {found}{scaling} "
+            f"(build the top-k with moe_core.select_experts, or check_values=False to skip the value checks)"
+        )

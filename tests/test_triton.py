@@ -345,7 +345,8 @@ def test_odd_routings(gen: torch.Generator, routing: str) -> None:
         ids = torch.stack([torch.tensor([4, 6]), torch.tensor([5, 7])] * 9 + [torch.tensor([4, 0])]).to(torch.int32)
     else:
         ids = torch.tensor([[0, 3]] * tokens, dtype=torch.int32)
-    topk = TopKOutput(ids.to(DEVICE), torch.rand(tokens, 2, generator=gen).to(DEVICE), num_experts=8)
+    weights_of_k = torch.rand(tokens, 2, generator=gen)
+    topk = TopKOutput(ids.to(DEVICE), (weights_of_k / weights_of_k.sum(dim=1, keepdim=True)).to(DEVICE), num_experts=8)
     dispatch = StandardDispatchOutput(dispatch.hidden_states, topk)
     kernel_weights = TritonDenseWeights.from_dense(weights)
     out = create_runner(TRITON_DENSE, config).run(dispatch, kernel_weights)
