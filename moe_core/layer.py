@@ -20,7 +20,7 @@ from moe_core.config import Activation, ExpertActivation, MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 from moe_core.formats.dense import DENSE, DenseMoeWeights
 from moe_core.registry import BoundRunner, MoeForward, choose
-from moe_core.routing import Router, route
+from moe_core.routing import Router, check_router, route
 
 
 @final
@@ -90,6 +90,7 @@ class MoeLayer:
                 f"{self.config.local_expert_offset}): tokens routed elsewhere would get nothing; split a layer over "
                 "ranks with moe_core.distributed (ExpertParallelMoe)"
             )
+        check_router(self.router, self.config)
         bound = self.experts.runner.config if isinstance(self.experts, BoundRunner) else None
         if bound is not None and bound != self.config:
             differ = [

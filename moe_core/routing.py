@@ -145,10 +145,23 @@ def select_experts(
     return TopKOutput(ids.to(torch.int32), weights, router_logits, num_experts=config.num_experts)
 
 
-def route(hidden_states: torch.Tensor, router: Router, config: MoeRunnerConfig) -> TopKOutput:
-    """The routing of ``hidden_states [T, hidden_size]``: the router's logits through :func:`select_experts`."""
+def check_router(router: Router, config: MoeRunnerConfig) -> None:
+    """Raise ``ValueError`` unless ``router`` routes ``config``'s layer: its expert count, and a logit bias only
+    where no correction bias belongs (a DeepSeek-V3 ``e_score_correction_bias`` passed as ``bias`` would move every
+    weight, not only the choice)."""
     if router.num_experts != config.num_experts:
         raise ValueError(f"router: expected {config.num_experts} experts like the config, got {router.num_experts}")
+    if router.bias is not None and isinstance(config.routing_method, GroupedTopK):
+        raise ValueError(
+            "Router.bias: grouped_topk routing chooses on sigmoid scores plus a correction bias, which goes in "
+            "Router(score_correction_bias=...) (DeepSeek-V3's e_score_correction_bias); a logit bias under it is "
+            "no model moe-core computes"
+        )
+
+
+def route(hidden_states: torch.Tensor, router: Router, config: MoeRunnerConfig) -> TopKOutput:
+    """The routing of ``hidden_states [T, hidden_size]``: the router's logits through :func:`select_experts`."""
+    check_router(router, config)
     return select_experts(
         router.logits(hidden_states), config, score_correction_bias=router.score_correction_bias
     )

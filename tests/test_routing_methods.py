@@ -151,3 +151,15 @@ def test_bad_routing_values_are_refused(build: object, message: str) -> None:
 def test_score_correction_bias_belongs_to_grouped_topk_only() -> None:
     with pytest.raises(ValueError, match="score_correction_bias: only GroupedTopK routing takes one"):
         select_experts(torch.zeros(2, E), _config(RoutingMethod.SOFTMAX_TOPK), score_correction_bias=torch.zeros(E))
+
+
+def test_a_correction_bias_passed_as_the_logit_bias_is_refused(gen: torch.Generator) -> None:
+    """Under grouped top-k a logit bias moves every weight (sigmoid of the biased logit), a correction bias only the
+    choice: DeepSeek-V3's ``e_score_correction_bias`` in ``Router(bias=...)`` computes another layer."""
+    config = _config(GroupedTopK(n_group=4, topk_group=2, renormalize=True))
+    correction = torch.randn(E, generator=gen)
+    misplaced = Router(weight=torch.randn(E, 16, generator=gen), bias=correction)
+    with pytest.raises(ValueError, match=r"Router\.bias: grouped_topk routing chooses on sigmoid scores plus a correction bias"):
+        route(torch.randn(3, 16, generator=gen), misplaced, config)
+    placed = Router(weight=misplaced.weight, score_correction_bias=correction)
+    assert route(torch.randn(3, 16, generator=gen), placed, config).topk_ids.shape == (3, config.top_k)
