@@ -103,7 +103,9 @@ class MoeLayer:
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, TopKOutput]:
         """The output and the routing that produced it (for blocks that also return weights or logits)."""
         topk = route(hidden_states, self.router, self.config)
-        out = self.experts(StandardDispatchOutput(hidden_states, topk))
+        # the layer's own routing: its values were checked as the top-k was built, and its weights are the method's
+        own = TopKOutput(topk.topk_ids, topk.topk_weights, topk.router_logits, num_experts=topk.num_experts, check_values=False)
+        out = self.experts(StandardDispatchOutput(hidden_states, own))
         if self.shared_expert is not None:
             out = out + self.shared_expert(hidden_states)
         return out, topk
