@@ -160,6 +160,16 @@ def write_count(tensor: torch.Tensor) -> int:
     return int(getattr(tensor, "_version"))  # Tensor._version: not in torch's stubs
 
 
+def countable(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself, or for an inference tensor (whose writes no counter sees, and which inference mode may still
+    write) a normal copy made outside inference mode: what a scale that views its input keeps, so that
+    :func:`require_unwritten` sees every in-place write."""
+    if not tensor.is_inference():
+        return tensor
+    with torch.inference_mode(False):
+        return tensor.clone()
+
+
 def require_unwritten(name: str, tensor: torch.Tensor, count: int) -> None:
     """Raise ``RuntimeError`` if ``tensor`` was written in place since :func:`write_count` gave ``count``.
 

@@ -28,6 +28,7 @@ import attrs
 import torch
 
 from moe_core._checks import (
+    countable,
     require_dtype,
     require_int,
     require_tensor,
@@ -79,6 +80,7 @@ class LinearBlockScales:
     def _of(cls, data: torch.Tensor) -> LinearBlockScales:
         """The one way in: ``data`` checked, bypassing the argument-less ``__init__``."""
         _check_scale_values("LinearBlockScales.data", data)
+        data = countable(data)
         scales = object.__new__(cls)
         object.__setattr__(scales, "_data", data)
         object.__setattr__(scales, "_writes", write_count(data))
@@ -164,6 +166,7 @@ class SwizzledBlockScales:
                 f"({_round_up(rows, SWIZZLE_ROWS)}, {_round_up(blocks, SWIZZLE_BLOCKS)}) "
                 f"for rows={rows}, blocks={blocks}, got ({padded_rows}, {padded_blocks})"
             )
+        tiles = countable(tiles)
         scales = object.__new__(cls)
         for name, value in (("_tile_bytes", tiles), ("_writes", write_count(tiles)), ("rows", rows), ("blocks", blocks)):
             object.__setattr__(scales, name, value)

@@ -22,6 +22,7 @@ import torch
 
 from moe_core._checks import (
     FLOAT_DTYPES,
+    countable,
     require_dtype,
     require_finite,
     require_int,
@@ -73,6 +74,7 @@ class E8M0Scales:
             raise ValueError(f"{name}: expected a tensor [..., rows, cols / {MXFP4_BLOCK}], got shape {tuple(codes.shape)}")
         if values_readable(codes) and bool((codes == E8M0_NAN).any()):
             raise ValueError(f"{name}: expected exponents below {E8M0_NAN} (E8M0 {E8M0_NAN} is NaN), found some")
+        codes = countable(codes)
         scales = object.__new__(cls)
         object.__setattr__(scales, "_codes", codes)
         object.__setattr__(scales, "_writes", write_count(codes))

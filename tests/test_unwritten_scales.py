@@ -94,6 +94,31 @@ def test_scales_built_in_inference_mode_still_count_writes(gen: torch.Generator)
             scale.value  # noqa: B018 (the read is the check)
 
 
+def test_block_scales_of_inference_tensors_keep_a_copy_whose_writes_count(gen: torch.Generator) -> None:
+    """An inference tensor keeps no write count and inference mode may still write it, so the scales that view their
+    checkpoint tensor copy an inference one: a later write into the checkpoint cannot reach them, and a write into
+    their own tensor is refused at the next read."""
+    with torch.inference_mode():
+        e4m3 = rand(gen, 4, 128, 4).to(torch.float8_e4m3fn)
+        exponents = torch.randint(100, 140, (4, 16, 2), generator=gen, dtype=torch.uint8)
+    assert e4m3.is_inference() and exponents.is_inference()
+    linear, e8m0 = LinearBlockScales.from_checkpoint(e4m3), E8M0Scales.from_checkpoint(exponents)
+    swizzled = linear.swizzle()
+    kept = (linear.data.clone(), e8m0.codes.clone())
+    with torch.inference_mode():
+        e4m3.view(torch.uint8).mul_(2)
+        exponents.add_(1)
+    assert torch.equal(linear.data.view(torch.uint8), kept[0].view(torch.uint8)) and torch.equal(e8m0.codes, kept[1])
+    assert torch.equal(swizzled.unswizzle().data.view(torch.uint8), kept[0].view(torch.uint8))
+    with torch.inference_mode():  # direct writes: a view made inside inference mode shares no counter (not caught)
+        linear.data.copy_((kept[0].float() * 2).to(torch.float8_e4m3fn))
+        e8m0.codes.add_(1)
+    with pytest.raises(RuntimeError, match="LinearBlockScales: its tensor was written in place"):
+        linear.data  # noqa: B018 (the read is the check)
+    with pytest.raises(RuntimeError, match="E8M0Scales: its tensor was written in place"):
+        e8m0.codes  # noqa: B018 (the read is the check)
+
+
 @pytest.mark.parametrize("write", list(WRITES))
 def test_a_write_into_the_checkpoint_tensor_a_scale_views_is_refused(gen: torch.Generator, write: str) -> None:
     """Block scales (E4M3, E8M0) are large and keep viewing their checkpoint tensor: a write there counts too."""
