@@ -91,8 +91,14 @@ class MoeLayer:
                 "ranks with moe_core.distributed (ExpertParallelMoe)"
             )
         check_router(self.router, self.config)
-        bound = self.experts.runner.config if isinstance(self.experts, BoundRunner) else None
-        if bound is not None and bound != self.config:
+        if not isinstance(self.experts, BoundRunner):
+            raise TypeError(
+                f"MoeLayer.experts: expected the bound forward a route or backend key binds (BoundRunner), got "
+                f"{type(self.experts).__name__}: the layer checks the config the experts were bound for against its "
+                "own, which another callable does not carry"
+            )
+        bound = self.experts.runner.config
+        if bound != self.config:
             differ = [
                 f"{field.name} {getattr(self.config, field.name)!r} (experts': {getattr(bound, field.name)!r})"
                 for field in attrs.fields(MoeRunnerConfig)

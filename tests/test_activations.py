@@ -9,6 +9,7 @@ import attrs
 import pytest
 import torch
 
+from moe_core.backends.reference import REFERENCE_DENSE
 from moe_core.backends._flashinfer import swiglu_only
 from moe_core.backends.triton import dense_supports, fp8_supports
 from moe_core.capability import DeviceSpec, LayerSpec
@@ -146,6 +147,9 @@ def test_a_layer_refuses_experts_bound_for_another_config(gen: torch.Generator) 
     scaled = attrs.evolve(config, routed_scaling_factor=2.5)
     with pytest.raises(ValueError, match=r"MoeLayer.config: the experts were bound for another layer: routed_scaling_factor 2.5 \(experts': 1.0\)"):
         attrs.evolve(layer, config=scaled)
+    bound_elsewhere = REFERENCE_DENSE.bind(scaled, weights)
+    with pytest.raises(TypeError, match=r"MoeLayer.experts: expected the bound forward a route or backend key binds \(BoundRunner\), got function"):
+        attrs.evolve(layer, experts=lambda dispatch: bound_elsewhere(dispatch))  # the wrapper hid the scaled config
 
 
 def test_shared_expert_names_a_dtype_mismatch(gen: torch.Generator) -> None:
