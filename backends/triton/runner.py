@@ -38,6 +38,7 @@ from moe_core.backends.triton.quant_info import (
 )
 from moe_core.backends.triton.quantize import LocalPairs, quantize_fp8_groups, quantize_fp8_rows
 from moe_core.backends.triton.sorting import SortedTokens, cdiv, next_power_of_2, sort_tokens
+from moe_core.formats.dense import ExpertBiases
 
 COMBINE_BLOCK = 1024
 """Hidden columns per combine program."""
@@ -327,8 +328,13 @@ def check_dense_layer(config: MoeRunnerConfig, quant_info: TritonDenseWeights) -
         raise ValueError(
             f"quant_info.w13: expected {rows} rows for {config.activation.value}, got {int(quant_info.w13.shape[1])}"
         )
-    if (quant_info.biases is not None) != config.expert_biases:
-        carried = "some" if quant_info.biases is not None else "none"
+    check_biases(config, quant_info.biases)
+
+
+def check_biases(config: MoeRunnerConfig, biases: ExpertBiases | None) -> None:
+    """``ValueError`` unless the weights carry biases exactly where the config says so."""
+    if (biases is not None) != config.expert_biases:
+        carried = "some" if biases is not None else "none"
         raise ValueError(f"quant_info: the config says expert_biases={config.expert_biases}, the weights carry {carried}")
 
 
@@ -395,9 +401,7 @@ class TritonMxfp4W4A16Runner:
         config = self.config
         if not config.activation.gated:
             raise ValueError(f"config.activation: these weights are gated (w13 [E, 2I, H]), not {config.activation.value}")
-        if (quant_info.biases is not None) != config.expert_biases:
-            carried = "some" if quant_info.biases is not None else "none"
-            raise ValueError(f"quant_info: the config says expert_biases={config.expert_biases}, the weights carry {carried}")
+        check_biases(config, quant_info.biases)
         hidden = dispatch.hidden_states
         if mxfp4_dequantizes(
             _device_name(hidden.device), int(hidden.shape[0]), config.top_k, config.num_local_experts,
