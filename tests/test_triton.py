@@ -41,6 +41,7 @@ well past the tolerance).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import attrs
 import pytest
@@ -89,7 +90,7 @@ from moe_core.check import relative_error
 from moe_core.float64_moe import float64_moe
 from moe_core.mxfp4 import Mxfp4ExpertWeights
 from moe_core.registry import choose
-from moe_core.fp8 import MIN_DYNAMIC_SCALE, dynamic_fp8_scales, fake_quantize_fp8, group_fp8_scales, quantize_fp8
+from moe_core.fp8 import MIN_DYNAMIC_SCALE, Fp8TensorScale, dynamic_fp8_scales, fake_quantize_fp8, group_fp8_scales, quantize_fp8
 from moe_core.nvfp4 import Nvfp4ExpertWeights, decode_e2m1, unpack_e2m1
 from moe_core.synthetic import quantize_fp8_block_layer, quantize_fp8_channel_layer, quantize_fp8_layer, quantize_nvfp4_layer
 
@@ -272,11 +273,48 @@ def test_fp8_per_channel_weights_with_static_activations(gen: torch.Generator) -
     kernel_weights = repaired(TritonFp8Weights.from_fp8_channel(channel), static)
     out = create_runner(TRITON_FP8, config).run(dispatch, kernel_weights)
     on_cpu = (static.w13_input_scale.to("cpu"), static.w2_input_scale.to("cpu"))
+    ties = E4m3Ties(config, dispatch)
     expected = float64_moe(
         config, dispatch, channel.w13.dequantize(), channel.w2.dequantize(),
-        (lambda _, x: fake_quantize_fp8(x.float(), on_cpu[0]).double(), lambda _, x: fake_quantize_fp8(x.float(), on_cpu[1]).double()),
+        (ties.round_trip(on_cpu[0]), ties.round_trip(on_cpu[1])),
     )
-    assert relative_error(out, expected.to(out.device)) < FP8_EXACT + 1e-5
+    kept = ~ties.tokens()
+    assert int(kept.sum()) >= dispatch.topk.num_tokens // 2
+    assert relative_error(out[kept.to(out.device)], expected[kept].to(out.device)) < FP8_EXACT + 1e-5
+
+
+class E4m3Ties:
+    """The float64 MoE's static FP8 round trips, noting the tokens with a GEMM input at an E4M3 rounding midpoint
+    (within 2^-16 relative): the kernel reaches those inputs in float32 and may round them the other way, one
+    E4M3 step (MOE_CORE_SEED=245001349: 8.6e-3 over a whole batch, a handful of elements)."""
+
+    def __init__(self, config: MoeRunnerConfig, dispatch: StandardDispatchOutput) -> None:
+        ids = dispatch.topk.topk_ids.cpu() - config.local_expert_offset
+        self._calls = [  # float64_moe's call order: token by token, each of its local experts
+            t for t in range(ids.shape[0]) for k in range(ids.shape[1]) if 0 <= int(ids[t, k]) < config.num_local_experts
+        ]
+        self._seen = [0, 0]
+        self._tied = torch.zeros(ids.shape[0], dtype=torch.bool)
+        self._trips = 0
+
+    def round_trip(self, scale: Fp8TensorScale) -> Callable[[int, torch.Tensor], torch.Tensor]:
+        """The round trip of one GEMM's input under ``scale``, noting tied tokens (call it once per GEMM, in order)."""
+        gemm = self._trips
+        self._trips += 1
+
+        def trip(_: int, x: torch.Tensor) -> torch.Tensor:
+            token = self._calls[self._seen[gemm]]
+            self._seen[gemm] += 1
+            low, high = (fake_quantize_fp8((x * (1 + d)).float(), scale) for d in (-2.0**-16, 2.0**-16))
+            if not torch.equal(low, high):
+                self._tied[token] = True
+            return fake_quantize_fp8(x.float(), scale).double()
+
+        return trip
+
+    def tokens(self) -> torch.Tensor:
+        """``[T]`` bool: the tokens with a tied input in either GEMM."""
+        return self._tied
 
 
 def test_fp8_row_quantization_equals_torch(gen: torch.Generator) -> None:
