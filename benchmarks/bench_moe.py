@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from moe_core import (  # noqa: E402
     DENSE,
+    BoundRunner,
     FP8,
     DenseMoeWeights,
     DeviceSpec,
@@ -78,7 +79,6 @@ from moe_core.backends.reference import REFERENCE_DENSE  # noqa: E402
 from moe_core.backends.triton import (  # noqa: E402
     TRITON_DENSE, TRITON_FP8, TRITON_FP8_BLOCK, TRITON_MXFP4_W4A16, TRITON_NVFP4_W4A16,
 )
-from moe_core.backends.triton.configs import KernelConfig, choose  # noqa: E402
 from moe_core.backends.triton.quant_info import (  # noqa: E402
     Fp8Accumulation,
     TritonDenseWeights,
@@ -87,7 +87,8 @@ from moe_core.backends.triton.quant_info import (  # noqa: E402
     TritonMxfp4W4A16Weights,
     TritonNvfp4W4A16Weights,
 )
-from moe_core.backends.triton.runner import Gemm, fused_moe, mxfp4_w4a16_gemms, nvfp4_w4a16_gemms  # noqa: E402
+from moe_core.backends.triton.plans import Mxfp4W4A16Plan, Nvfp4W4A16Plan, W4A16Path  # noqa: E402
+from moe_core.backends.triton.runner import TritonRunner  # noqa: E402
 from moe_core.formats.mxfp4 import Mxfp4MoeWeights  # noqa: E402
 from moe_core.mxfp4 import E8M0Scales, Mxfp4ExpertWeights  # noqa: E402
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights  # noqa: E402
@@ -301,31 +302,6 @@ Bench = tuple[MoeForward, float, bool, bool]
 """A bound runner, bytes per weight, whether to autotune first, whether its roofline uses the FP8 rate."""
 
 
-W4A16Weights = TypeVar("W4A16Weights", TritonNvfp4W4A16Weights, TritonMxfp4W4A16Weights)
-
-
-def w4a16_path(
-    config: MoeRunnerConfig,
-    weights: W4A16Weights,
-    gemms: Callable[[W4A16Weights, KernelConfig, KernelConfig, bool], tuple[Gemm, Gemm]],
-    fused_format: str,
-    dequantize: bool,
-) -> MoeForward:
-    """A W4A16 runner's fused path (tiles of ``fused_format``), or its dequantize-then-16-bit path, at any token count."""
-    device = torch.cuda.get_device_name(weights.device)
-
-    def forward(dispatch: DispatchOutput) -> torch.Tensor:
-        hidden = dispatch.hidden_states
-        fmt = ("bf16" if hidden.dtype == torch.bfloat16 else "fp16") if dequantize else fused_format
-        w13, w2 = choose(
-            device, int(hidden.shape[0]), config.top_k, config.num_local_experts, config.hidden_size,
-            config.intermediate_size_per_partition, fmt, False,
-        )
-        return fused_moe(config, dispatch, *gemms(weights, w13, w2, dequantize))
-
-    return forward
-
-
 def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, backends: list[str]) -> dict[str, Bench]:
     """label -> what to time, for each chosen backend that runs here."""
     runners: dict[str, Bench] = {}
@@ -347,17 +323,17 @@ def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, ba
         if "triton-nvfp4-w4a16" in backends:
             runners["triton nvfp4 w4a16"] = (TRITON_NVFP4_W4A16.bind(config, nvfp4), 0.5 + 1 / 16, False, False)
         if "triton-nvfp4-w4a16-paths" in backends:
-            for label, dequantize in (("fused", False), ("dequantized", True)):
-                path = w4a16_path(config, nvfp4, nvfp4_w4a16_gemms, "nvfp4", dequantize)
-                runners[f"triton nvfp4 w4a16 {label}"] = (path, 0.5 + 1 / 16, False, False)
+            for label, path in (("fused", W4A16Path.FUSED), ("dequantized", W4A16Path.WORKSPACE)):
+                forced = BoundRunner(TritonRunner(config, Nvfp4W4A16Plan(path)), nvfp4)
+                runners[f"triton nvfp4 w4a16 {label}"] = (forced, 0.5 + 1 / 16, False, False)
     if "triton-mxfp4-w4a16" in backends or "triton-mxfp4-w4a16-paths" in backends:
         mxfp4 = TritonMxfp4W4A16Weights.from_mxfp4(mxfp4_layer(w13, w2))
         if "triton-mxfp4-w4a16" in backends:
             runners["triton mxfp4 w4a16"] = (TRITON_MXFP4_W4A16.bind(config, mxfp4), 0.5 + 1 / 32, False, False)
         if "triton-mxfp4-w4a16-paths" in backends:
-            for label, dequantize in (("fused", False), ("dequantized", True)):
-                path = w4a16_path(config, mxfp4, mxfp4_w4a16_gemms, "mxfp4", dequantize)
-                runners[f"triton mxfp4 w4a16 {label}"] = (path, 0.5 + 1 / 32, False, False)
+            for label, path in (("fused", W4A16Path.FUSED), ("dequantized", W4A16Path.WORKSPACE)):
+                forced_mxfp4 = BoundRunner(TritonRunner(config, Mxfp4W4A16Plan(path)), mxfp4)
+                runners[f"triton mxfp4 w4a16 {label}"] = (forced_mxfp4, 0.5 + 1 / 32, False, False)
     if "flashinfer-cutlass-bf16" in backends:
         verdict = FLASHINFER_CUTLASS_BF16.supports(DeviceSpec.of(w13.device), LayerSpec(config, DENSE))
         if verdict.ok:

@@ -43,13 +43,11 @@ from moe_core.backends.triton.quant_info import (  # noqa: E402
     TritonMxfp4W4A16Weights,
     TritonNvfp4W4A16Weights,
 )
-from moe_core.backends.triton.runner import (  # noqa: E402
-    Epilogue,
-    Gemm,
+from moe_core.backends.triton.launch import Epilogue, Gemm, launch  # noqa: E402
+from moe_core.backends.triton.plans import (  # noqa: E402
     dense_gemms,
     fp8_block_gemms,
     fp8_gemms,
-    launch,
     mxfp4_w4a16_gemms,
     nvfp4_w4a16_gemms,
 )

@@ -74,7 +74,7 @@ from moe_core.backends.reference import (
     REFERENCE_FP8_CHANNEL,
     REFERENCE_NVFP4_W4A16,
 )
-from moe_core.backends.triton import TRITON_DENSE, TRITON_FP8, TRITON_FP8_BLOCK, TRITON_NVFP4_W4A16, runner
+from moe_core.backends.triton import TRITON_DENSE, TRITON_FP8, TRITON_FP8_BLOCK, TRITON_NVFP4_W4A16, plans
 from moe_core.backends.triton.quant_info import (
     DynamicFp8Activations,
     StaticFp8Activations,
@@ -84,7 +84,8 @@ from moe_core.backends.triton.quant_info import (
     TritonNvfp4W4A16Weights,
 )
 from moe_core.backends.triton.quantize import quantize_fp8_groups, quantize_fp8_rows
-from moe_core.backends.triton.runner import dequantize_nvfp4
+from moe_core.backends.triton.launch import dequantize_nvfp4
+from moe_core.backends.triton.runner import TritonRunner
 from moe_core.backends.triton.sorting import sort_tokens
 from moe_core.check import relative_error
 from moe_core.float64_moe import float64_moe
@@ -193,9 +194,7 @@ def test_nvfp4_dequantize_is_exact(gen: torch.Generator) -> None:
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-def test_nvfp4_w4a16_dequantized_path_matches_reference(
-    gen: torch.Generator, shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_nvfp4_w4a16_dequantized_path_matches_reference(gen: torch.Generator, shape: tuple[int, ...]) -> None:
     """Prefill's path (weights expanded into a 16-bit workspace, global scales on the accumulator) at any token count:
     within the 16-bit tolerance of the reference and of the fused kernel (the same products, summed in another order)."""
     dtype = DTYPES[0]
@@ -203,10 +202,10 @@ def test_nvfp4_w4a16_dequantized_path_matches_reference(
     w4a4 = quantize_nvfp4_layer(config, DenseMoeWeights(w13=dense.w13.float(), w2=dense.w2.float()), dispatch)
     weights = w4a4.without_activation_quantization()
     kernel_weights = TritonNvfp4W4A16Weights.from_nvfp4(weights)
-    monkeypatch.setattr(runner, "nvfp4_dequantizes", lambda *_: False)
-    fused = create_runner(TRITON_NVFP4_W4A16, config).run(dispatch, kernel_weights)
-    monkeypatch.setattr(runner, "nvfp4_dequantizes", lambda *_: True)
-    out = create_runner(TRITON_NVFP4_W4A16, config).run(dispatch, kernel_weights)
+    fused, out = (
+        TritonRunner(config, plans.Nvfp4W4A16Plan(path)).run(dispatch, kernel_weights)
+        for path in (plans.W4A16Path.FUSED, plans.W4A16Path.WORKSPACE)
+    )
     expected = create_runner(REFERENCE_NVFP4_W4A16, config).run(dispatch, weights)
     assert relative_error(out, expected) < TOLERANCE[dtype]
     assert relative_error(out, fused) < TOLERANCE[dtype]
@@ -436,7 +435,7 @@ def bound_forward(fmt: str, config: MoeRunnerConfig, weights: DenseMoeWeights, d
 @pytest.mark.parametrize("fmt", ["dense", "fp8-static", "fp8-dynamic", "fp8-block", "nvfp4-w4a16", "nvfp4-w4a16-dequantized"])
 def test_forward_is_captured_and_replayed_in_a_cuda_graph(gen: torch.Generator, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if fmt == "nvfp4-w4a16-dequantized":  # the workspace allocated inside the capture
-        monkeypatch.setattr(runner, "nvfp4_dequantizes", lambda *_: True)
+        monkeypatch.setattr(plans, "nvfp4_dequantizes", lambda *_: True)
     config, weights, dispatch = make_layer(gen, (16, 64, 8, 2048, 768, 64, 0), torch.bfloat16)
     forward_of = bound_forward(fmt.removesuffix("-dequantized"), config, weights, dispatch)
     static_x = dispatch.hidden_states.clone()
@@ -566,7 +565,7 @@ def test_quantized_clamped_swiglu_matches_reference(gen: torch.Generator, fmt: s
         out = create_runner(TRITON_FP8_BLOCK, config).run(dispatch, TritonFp8BlockWeights.from_fp8_block(block))
         expected, tolerance = create_runner(REFERENCE_FP8_BLOCK, config).run(dispatch, block), FP8_BLOCK_TOLERANCE[dtype]
     else:
-        monkeypatch.setattr(runner, "nvfp4_dequantizes", lambda *_: fmt.endswith("-dequantized"))
+        monkeypatch.setattr(plans, "nvfp4_dequantizes", lambda *_: fmt.endswith("-dequantized"))
         nvfp4 = quantize_nvfp4_layer(config, dense, dispatch).without_activation_quantization()
         out = create_runner(TRITON_NVFP4_W4A16, config).run(dispatch, TritonNvfp4W4A16Weights.from_nvfp4(nvfp4))
         expected, tolerance = create_runner(REFERENCE_NVFP4_W4A16, config).run(dispatch, nvfp4), TOLERANCE[dtype]

@@ -41,10 +41,11 @@ from moe_core import (
     select_experts,
 )
 from moe_core.backends.reference import REFERENCE_MXFP4
-from moe_core.backends.triton import TRITON_MXFP4_W4A16, runner
+from moe_core.backends.triton import TRITON_MXFP4_W4A16, plans
 from moe_core.backends.triton.configs import MXFP4_DEQUANTIZE_ROWS, KernelConfig, crossover_file, mxfp4_dequantizes
 from moe_core.backends.triton.quant_info import MXFP4_MAX_EXPONENT, TritonMxfp4W4A16Weights
-from moe_core.backends.triton.runner import dequantize_mxfp4
+from moe_core.backends.triton.launch import dequantize_mxfp4
+from moe_core.backends.triton.runner import TritonRunner
 from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.check import relative_error
 from moe_core.checkpoint import MoeCheckpoint
@@ -112,15 +113,15 @@ def mxfp4_layer(
 
 
 def run_paths(
-    config: MoeRunnerConfig, weights: Mxfp4MoeWeights, dispatch: StandardDispatchOutput, monkeypatch: pytest.MonkeyPatch
+    config: MoeRunnerConfig, weights: Mxfp4MoeWeights, dispatch: StandardDispatchOutput
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fused path's and the dequantize-then-bf16 path's outputs on the same weights."""
+    """The fused path's and the dequantize-then-bf16 path's outputs on the same weights (each path forced by its plan)."""
     kernel_weights = TritonMxfp4W4A16Weights.from_mxfp4(weights)
-    outs = []
-    for dequantize in (False, True):
-        monkeypatch.setattr(runner, "mxfp4_dequantizes", lambda *_, d=dequantize: d)
-        outs.append(create_runner(TRITON_MXFP4_W4A16, config).run(dispatch, kernel_weights))
-    return outs[0], outs[1]
+    fused, workspace = (
+        TritonRunner(config, plans.Mxfp4W4A16Plan(path)).run(dispatch, kernel_weights)
+        for path in (plans.W4A16Path.FUSED, plans.W4A16Path.WORKSPACE)
+    )
+    return fused, workspace
 
 
 def assert_nontrivial(out: torch.Tensor, dispatch: StandardDispatchOutput, config: MoeRunnerConfig) -> None:
@@ -136,14 +137,14 @@ def assert_nontrivial(out: torch.Tensor, dispatch: StandardDispatchOutput, confi
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("dtype", ACTIVATION_DTYPES, ids=str)
 def test_gpt_oss_layers_match_the_mxfp4_reference(
-    gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+    gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype
 ) -> None:
     """Clamped SwiGLU and both biases, fused (decode) and through the bf16 workspace (prefill), against the MXFP4
     reference; the clamp and the biases each move the output far beyond the tolerance."""
     config, weights, dispatch = mxfp4_layer(gen, shape, dtype)
     dense = weights.dequantize()
     assert_clamp_is_hit(dense, dispatch, CLAMP.limit)
-    fused, dequantized = run_paths(config, weights, dispatch, monkeypatch)
+    fused, dequantized = run_paths(config, weights, dispatch)
     expected = create_runner(REFERENCE_MXFP4, config).run(dispatch, weights)
     assert_nontrivial(fused, dispatch, config)
     assert relative_error(fused, expected) < MXFP4_TOLERANCE
@@ -161,10 +162,10 @@ def test_gpt_oss_layers_match_the_mxfp4_reference(
 )
 @pytest.mark.parametrize("biases", [False, True], ids=["no-biases", "biases"])
 def test_the_other_gated_activations_with_and_without_biases(
-    gen: torch.Generator, activation: Activation, biases: bool, monkeypatch: pytest.MonkeyPatch
+    gen: torch.Generator, activation: Activation, biases: bool
 ) -> None:
     config, weights, dispatch = mxfp4_layer(gen, SHAPES[2], torch.bfloat16, activation, biases=biases, gain=1.0)
-    fused, dequantized = run_paths(config, weights, dispatch, monkeypatch)
+    fused, dequantized = run_paths(config, weights, dispatch)
     expected = create_runner(REFERENCE_MXFP4, config).run(dispatch, weights)
     assert_nontrivial(fused, dispatch, config)
     assert relative_error(fused, expected) < MXFP4_TOLERANCE
@@ -178,7 +179,7 @@ def test_k_and_n_tails(gen: torch.Generator, block: tuple[int, int], monkeypatch
     block_k, block_n = block
     shape = (13, 4, 2, 96, 96, 4, 0) if not CUDA else (13, 32, 4, 2880, 2880 + 32, 32, 0)
     config, weights, dispatch = mxfp4_layer(gen, shape, torch.bfloat16)
-    original = runner._configs
+    original = plans._configs
     seen: list[KernelConfig] = []
 
     def configs(*args: object) -> tuple[KernelConfig, KernelConfig]:
@@ -186,9 +187,9 @@ def test_k_and_n_tails(gen: torch.Generator, block: tuple[int, int], monkeypatch
         seen.extend((w13, w2))
         return w13, w2
 
-    monkeypatch.setattr(runner, "_configs", configs)
-    monkeypatch.setattr(runner, "mxfp4_dequantizes", lambda *_: False)
-    out = create_runner(TRITON_MXFP4_W4A16, config).run(dispatch, TritonMxfp4W4A16Weights.from_mxfp4(weights))
+    monkeypatch.setattr(plans, "_configs", configs)
+    fused = TritonRunner(config, plans.Mxfp4W4A16Plan(plans.W4A16Path.FUSED))
+    out = fused.run(dispatch, TritonMxfp4W4A16Weights.from_mxfp4(weights))
     assert seen and all(c.block_k == block_k for c in seen)
     assert shape[3] % block_k or shape[4] % block_k, "a K tail"
     expected = create_runner(REFERENCE_MXFP4, config).run(dispatch, weights)
@@ -316,7 +317,7 @@ def test_the_gpt_oss_fixture_runs_on_it_against_the_reference(
 ) -> None:
     """tests/fixtures/gpt_oss_mxfp4 through moe_core.schemes.gpt_oss_mxfp4 with backend="triton-mxfp4-w4a16" (under
     the interpreter on the CPU: by name), against the same layer loaded onto reference-mxfp4."""
-    monkeypatch.setattr(runner, "mxfp4_dequantizes", lambda *_: dequantize)
+    monkeypatch.setattr(plans, "mxfp4_dequantizes", lambda *_: dequantize)
     checkpoint = MoeCheckpoint(FIXTURE)
     for index in checkpoint.moe_layers():
         layer = checkpoint.load_layer(index, device=DEVICE, backend="triton-mxfp4-w4a16", keep_canonical=True)
@@ -336,10 +337,10 @@ def test_the_gpt_oss_fixture_runs_on_it_against_the_reference(
         assert torch.equal(expected, create_runner(REFERENCE_MXFP4, config).run(dispatch, weights))
 
 
-def test_the_degradation_and_the_kernel_agree(gen: torch.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_degradation_and_the_kernel_agree(gen: torch.Generator) -> None:
     """The same layer through the MXFP4 kernel and through its bf16 degradation on triton-dense."""
     config, weights, dispatch = mxfp4_layer(gen, SHAPES[1], torch.bfloat16)
-    fused, _ = run_paths(config, weights, dispatch, monkeypatch)
+    fused, _ = run_paths(config, weights, dispatch)
     route = choose(MXFP4, ON_GPU if not CUDA else DeviceSpec.of(DEVICE), LayerSpec(config, MXFP4, torch.bfloat16),
                    name="triton-dense").chosen
     degraded = route.bind(config, weights)(dispatch)
@@ -355,7 +356,7 @@ def test_forward_is_captured_and_replayed_in_a_cuda_graph(
     """gpt-oss's layer (clamped SwiGLU, biases) captured once, replayed on fresh inputs copied into the captured
     buffers: bit-identical to an eager forward on those inputs, on both paths (the workspace allocated inside the
     capture)."""
-    monkeypatch.setattr(runner, "mxfp4_dequantizes", lambda *_: dequantize)
+    monkeypatch.setattr(plans, "mxfp4_dequantizes", lambda *_: dequantize)
     shape = (16, 32, 4, 2880, 2880, 32, 0)
     config, weights, dispatch = mxfp4_layer(gen, shape, torch.bfloat16)
     bound = TRITON_MXFP4_W4A16.bind(config, TritonMxfp4W4A16Weights.from_mxfp4(weights))

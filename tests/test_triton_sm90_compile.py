@@ -256,20 +256,20 @@ def _mxfp4(shape: tuple[int, int, int, int], biases: bool) -> SimpleNamespace:
 
 def _with_block_k(block_k: int, run: Callable[[], object]) -> Callable[[], object]:
     """``run`` with both GEMMs' K tiles ``block_k`` (as a tuned table may say), the heuristic's other sizes."""
-    from moe_core.backends.triton import runner
+    from moe_core.backends.triton import plans
 
     def patched() -> object:
-        original = runner._configs
+        original = plans._configs
 
         def configs(*args: Any) -> tuple[Any, Any]:
             w13, w2 = original(*args)
             return attrs.evolve(w13, block_k=block_k), attrs.evolve(w2, block_k=block_k)
 
-        runner._configs = configs  # type: ignore[assignment]
+        plans._configs = configs  # type: ignore[assignment]
         try:
             result = run()
         finally:
-            runner._configs = original
+            plans._configs = original
         return result
 
     return patched
@@ -278,7 +278,8 @@ def _with_block_k(block_k: int, run: Callable[[], object]) -> Callable[[], objec
 def scenarios() -> Iterator[tuple[str, Callable[[], object]]]:
     """Each (name, forward): one runner's forward on meta weights and a meta batch (the recorded launches)."""
     from moe_core import Activation, ClampedSwiglu
-    from moe_core.backends.triton import runner
+    from moe_core.backends.triton import plans
+    from moe_core.backends.triton.runner import TritonRunner
 
     clamped = ClampedSwiglu(alpha=1.702, limit=7.0)
 
@@ -288,15 +289,15 @@ def scenarios() -> Iterator[tuple[str, Callable[[], object]]]:
             config, dispatch = _config(shape, activation, biases), _dispatch(shape, tokens, dtype)
             if kind == "dense":
                 gated = cast(Any, activation).gated
-                return runner.TritonDenseRunner(config).run(dispatch, cast(Any, _dense(shape, dtype, gated, biases)))
+                return TritonRunner(config, plans.DensePlan()).run(dispatch, cast(Any, _dense(shape, dtype, gated, biases)))
             if kind == "fp8":
                 weights = _fp8(shape, options["static"], options.get("promote", True))
-                return runner.TritonFp8Runner(config).run(dispatch, cast(Any, weights))
+                return TritonRunner(config, plans.Fp8Plan()).run(dispatch, cast(Any, weights))
             if kind == "fp8-block":
-                return runner.TritonFp8BlockRunner(config).run(dispatch, cast(Any, _fp8_block(shape)))
+                return TritonRunner(config, plans.Fp8BlockPlan()).run(dispatch, cast(Any, _fp8_block(shape)))
             if kind == "mxfp4":
-                return runner.TritonMxfp4W4A16Runner(config).run(dispatch, cast(Any, _mxfp4(shape, biases)))
-            return runner.TritonNvfp4W4A16Runner(config).run(dispatch, cast(Any, _nvfp4(shape)))
+                return TritonRunner(config, plans.Mxfp4W4A16Plan()).run(dispatch, cast(Any, _mxfp4(shape, biases)))
+            return TritonRunner(config, plans.Nvfp4W4A16Plan()).run(dispatch, cast(Any, _nvfp4(shape)))
 
         return run
 
@@ -328,13 +329,14 @@ def scenarios() -> Iterator[tuple[str, Callable[[], object]]]:
 
 def record() -> dict[str, tuple[Launch, list[str]]]:
     """Every distinct launch of every scenario, with the scenarios that made it."""
-    from moe_core.backends.triton import interpreted, quantize, runner, sorting
+    from moe_core.backends.triton import interpreted, plans, quantize, sorting
+    from moe_core.backends.triton import launch as launching
 
     if interpreted():
         raise RuntimeError("TRITON_INTERPRET is set: the kernels would be interpreted functions, which do not compile")
     launches: list[Launch] = []
-    _record_kernels([runner, sorting, quantize], launches)
-    runner._device_name = lambda device: "NVIDIA H200"  # type: ignore[assignment]  # the tuned tables' device
+    _record_kernels([launching, sorting, quantize], launches)
+    plans._device_name = lambda device: "NVIDIA H200"  # type: ignore[assignment]  # the tuned tables' device
     distinct: dict[str, tuple[Launch, list[str]]] = {}
     for name, forward in scenarios():
         launches.clear()

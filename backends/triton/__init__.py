@@ -2,10 +2,11 @@
 
 Token sorting (:mod:`.sorting`), the grouped GEMMs with the gated activation
 and the top-k weights fused, and the combine (:mod:`.kernels`) are Triton,
-with block sizes from :mod:`.configs`; :mod:`.runner` runs them with no
-host synchronization (CUDA-graph capturable) and expert parallelism (local
-experts with an offset; pairs routed elsewhere contribute nothing); the FP8
-runner quantizes each GEMM input first (:mod:`.quantize`).
+with block sizes from :mod:`.configs`. :mod:`.runner`'s one runner, generic
+over a typed plan per format (:mod:`.plans`), launches them (:mod:`.launch`)
+with no host synchronization (CUDA-graph capturable) and expert parallelism
+(local experts with an offset; pairs routed elsewhere contribute nothing);
+FP8 plans quantize each GEMM input first (:mod:`.quantize`).
 
 Importing this module registers the keys (kernel tier, ahead of FlashInfer's
 CUTLASS MoE) without importing Triton, so a machine without it lists the
@@ -135,37 +136,42 @@ fp8_supports = _supports((8, 9))
 
 def _dense_runner(config: MoeRunnerConfig) -> Runner[TritonDenseWeights]:
     """The bf16/fp16 runner, imported on first use so that registering needs no Triton."""
-    from moe_core.backends.triton.runner import TritonDenseRunner
+    from moe_core.backends.triton.plans import DensePlan
+    from moe_core.backends.triton.runner import TritonRunner
 
-    return TritonDenseRunner(config)
+    return TritonRunner(config, DensePlan())
 
 
 def _nvfp4_w4a16_runner(config: MoeRunnerConfig) -> Runner[TritonNvfp4W4A16Weights]:
     """The NVFP4 W4A16 runner, imported on first use so that registering needs no Triton."""
-    from moe_core.backends.triton.runner import TritonNvfp4W4A16Runner
+    from moe_core.backends.triton.plans import Nvfp4W4A16Plan
+    from moe_core.backends.triton.runner import TritonRunner
 
-    return TritonNvfp4W4A16Runner(config)
+    return TritonRunner(config, Nvfp4W4A16Plan())
 
 
 def _mxfp4_w4a16_runner(config: MoeRunnerConfig) -> Runner[TritonMxfp4W4A16Weights]:
     """The MXFP4 W4A16 runner, imported on first use so that registering needs no Triton."""
-    from moe_core.backends.triton.runner import TritonMxfp4W4A16Runner
+    from moe_core.backends.triton.plans import Mxfp4W4A16Plan
+    from moe_core.backends.triton.runner import TritonRunner
 
-    return TritonMxfp4W4A16Runner(config)
+    return TritonRunner(config, Mxfp4W4A16Plan())
 
 
 def _fp8_runner(config: MoeRunnerConfig) -> Runner[TritonFp8Weights]:
     """The FP8 W8A8 runner, imported on first use so that registering needs no Triton."""
-    from moe_core.backends.triton.runner import TritonFp8Runner
+    from moe_core.backends.triton.plans import Fp8Plan
+    from moe_core.backends.triton.runner import TritonRunner
 
-    return TritonFp8Runner(config)
+    return TritonRunner(config, Fp8Plan())
 
 
 def _fp8_block_runner(config: MoeRunnerConfig) -> Runner[TritonFp8BlockWeights]:
     """The block-scaled FP8 runner, imported on first use so that registering needs no Triton."""
-    from moe_core.backends.triton.runner import TritonFp8BlockRunner
+    from moe_core.backends.triton.plans import Fp8BlockPlan
+    from moe_core.backends.triton.runner import TritonRunner
 
-    return TritonFp8BlockRunner(config)
+    return TritonRunner(config, Fp8BlockPlan())
 
 
 TRITON_DENSE: BackendKey[TritonDenseWeights] = register_backend(
