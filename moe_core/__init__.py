@@ -31,9 +31,11 @@ if TYPE_CHECKING:
     from moe_core.config import ClampedSwiglu as ClampedSwiglu
     from moe_core.config import ExpertActivation as ExpertActivation
     from moe_core.config import GroupedTopK as GroupedTopK
+    from moe_core.config import GroupScore as GroupScore
     from moe_core.config import Llama4Sigmoid as Llama4Sigmoid
     from moe_core.config import RoutedWeights as RoutedWeights
     from moe_core.config import Routing as Routing
+    from moe_core.config import Scoring as Scoring
     from moe_core.config import SigmoidTopK as SigmoidTopK
     from moe_core.config import SparseMixer as SparseMixer
     from moe_core.conversion import AnyConversion as AnyConversion
@@ -118,12 +120,14 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "Activation",
         "ClampedSwiglu",
         "ExpertActivation",
+        "GroupScore",
         "GroupedTopK",
         "Llama4Sigmoid",
         "MoeRunnerConfig",
         "RoutedWeights",
         "Routing",
         "RoutingMethod",
+        "Scoring",
         "SigmoidTopK",
         "SparseMixer",
     ),
@@ -242,6 +246,7 @@ __all__ = [
     "Fp8MoeWeights",
     "Fp8TensorScale",
     "GateUpScalePolicy",
+    "GroupScore",
     "GroupedTopK",
     "LayerSpec",
     "LinearBlockScales",
@@ -271,6 +276,7 @@ __all__ = [
     "Routing",
     "RoutingMethod",
     "Runner",
+    "Scoring",
     "Selection",
     "SharedExpert",
     "SigmoidTopK",

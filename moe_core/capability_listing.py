@@ -15,36 +15,18 @@ import attrs
 import torch
 
 from moe_core.capability import DeviceSpec, LayerSpec, Support
-from moe_core.config import (
-    Activation,
-    ClampedSwiglu,
-    ExpertActivation,
-    GroupedTopK,
-    Llama4Sigmoid,
-    MoeRunnerConfig,
-    Routing,
-    RoutingMethod,
-    SigmoidTopK,
-    SparseMixer,
-)
+from moe_core.config import EXAMPLE_ACTIVATIONS, ExpertActivation, MoeRunnerConfig, Routing, example_routings
 from moe_core.conversion import FormatInfo
 from moe_core.registry import BackendEntry, registered_backends
 
-ACTIVATIONS: tuple[ExpertActivation, ...] = (*Activation, ClampedSwiglu())
-"""Every activation, with gpt-oss's parameters for the clamped SwiGLU."""
-
-ROUTINGS: tuple[Routing, ...] = (
-    *RoutingMethod,
-    SigmoidTopK(renormalize=False),
-    SigmoidTopK(renormalize=True),
-    GroupedTopK(n_group=8, topk_group=4, renormalize=True),
-    Llama4Sigmoid(),
-    SparseMixer(jitter_eps=0.01),
-)
-"""Every routing method, with DeepSeek-V3's group sizes and PhiMoE's jitter."""
-
 PLAIN = MoeRunnerConfig(num_experts=64, hidden_size=1024, intermediate_size_per_partition=1024, top_k=2)
 """The layer every value is tried on: sizes that fit every kernel's tiles, top-2 (sparsemixer's only k)."""
+
+ACTIVATIONS: tuple[ExpertActivation, ...] = EXAMPLE_ACTIVATIONS
+"""Every activation, with gpt-oss's parameters for the clamped SwiGLU."""
+
+ROUTINGS: tuple[Routing, ...] = example_routings(PLAIN.num_experts, PLAIN.top_k)
+"""Every routing method (DeepSeek-V3's group sizes, 8 groups of which 4 kept; PhiMoE's jitter)."""
 
 
 @final

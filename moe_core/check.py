@@ -11,8 +11,8 @@ scales) and one routed batch, per canonical format:
 3. every registered backend that converts from the format, through its own
    registered conversion, against the oracle, with the user's tolerance;
 4. the same layer with each config field a backend may claim varied, one at
-   a time (:func:`config_variants`: every :class:`Activation` and
-   :class:`RoutingMethod` member, a routed scaling factor other than 1, and
+   a time (:func:`config_variants`: every activation and routing method,
+   parameterized ones included, a routed scaling factor other than 1, and
    expert parallelism), on the first :data:`VARIANT_TOKENS` tokens, untimed:
    the oracle against the float64 MoE of that config, and each backend whose
    ``supports`` takes that config against the oracle (a refusal is a skipped
@@ -51,7 +51,7 @@ from moe_core.backends.reference import (
     REFERENCE_NVFP4_W4A16,
 )
 from moe_core.capability import DeviceSpec, LayerSpec
-from moe_core.config import Activation, MoeRunnerConfig, RoutingMethod
+from moe_core.config import EXAMPLE_ACTIVATIONS, MoeRunnerConfig, example_routings
 from moe_core.conversion import FormatInfo, WeightFormat
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 from moe_core.float64_moe import (
@@ -100,18 +100,20 @@ def config_variants(config: MoeRunnerConfig) -> list[tuple[str, MoeRunnerConfig]
     """``config`` with each field a backend may claim varied, one at a time, named for the table (no spaces: a
     table cell never breaks inside a word).
 
-    Every :class:`Activation` and :class:`RoutingMethod` member other than
-    the config's (iterated, so a new member is checked without an edit here),
-    a routed scaling factor other than the config's, and expert parallelism
-    (the last half of the experts local) where all experts are local. A
-    value the config's own validation refuses for these sizes is left out.
+    Every activation and every routing method other than the config's, with
+    parameters (:data:`~moe_core.config.EXAMPLE_ACTIVATIONS`,
+    :func:`~moe_core.config.example_routings`: a new one is checked without
+    an edit here), a routed scaling factor other than the config's, and
+    expert parallelism (the last half of the experts local) where all experts
+    are local. A value the config's own validation refuses for these sizes
+    is left out.
     """
     factor = VARIANT_SCALING_FACTOR if config.routed_scaling_factor != VARIANT_SCALING_FACTOR else 1.0
     changes: list[tuple[str, Callable[[], MoeRunnerConfig]]] = [
         *((f"activation={a.value}", functools.partial(attrs.evolve, config, activation=a))
-          for a in Activation if a is not config.activation),
+          for a in EXAMPLE_ACTIVATIONS if a != config.activation),
         *((f"routing={r.value}", functools.partial(attrs.evolve, config, routing_method=r))
-          for r in RoutingMethod if r is not config.routing_method),
+          for r in example_routings(config.num_experts, config.top_k) if r != config.routing_method),
         (f"routed_scaling_factor={factor:g}", functools.partial(attrs.evolve, config, routed_scaling_factor=factor)),
     ]
     if config.num_local_experts == config.num_experts > 1:

@@ -63,7 +63,9 @@ HIDDEN_ACTS: dict[str, Activation] = {
 (``gelu_new``, ``quick_gelu``, ...) is refused by name, never run as another."""
 
 
-def _positive_finite(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+def _positive_finite(
+    instance: object, attribute: attrs.Attribute[float] | attrs.Attribute[float | None], value: object
+) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{type(instance).__name__}.{attribute.name}: expected a float, got {type(value).__name__}")
     if not (math.isfinite(value) and value > 0):
@@ -185,32 +187,75 @@ class SigmoidTopK:
         return RoutedWeights.SUM_TO_ONE if self.renormalize else RoutedWeights.EACH_AT_MOST_ONE
 
 
+class Scoring(enum.Enum):
+    """How :class:`GroupedTopK` turns logits into the scores that choose experts and weight them."""
+
+    SIGMOID = "sigmoid"
+    """Each logit through a sigmoid (DeepSeek-V3, GLM4-MoE)."""
+    SOFTMAX = "softmax"
+    """A softmax over all experts (DeepSeek-V2's group-limited greedy, Mistral 4, ERNIE 4.5)."""
+
+
+class GroupScore(enum.Enum):
+    """How :class:`GroupedTopK` scores a group of experts to keep the best ``topk_group`` groups."""
+
+    TOP2_SUM = "top2_sum"
+    """The sum of its two best (corrected) scores (DeepSeek-V3, Mistral 4)."""
+    MAX = "max"
+    """Its best score (DeepSeek-V2's group-limited greedy)."""
+
+
+def _optional_positive_finite(instance: object, attribute: attrs.Attribute[float | None], value: object) -> None:
+    if value is not None:
+        _positive_finite(instance, attribute, value)
+
+
 @final
 @attrs.frozen(kw_only=True)
 class GroupedTopK:
-    """DeepSeek-V3's grouped top-k (also GLM4-MoE): sigmoid scores, experts picked within the best groups.
+    """DeepSeek-V3's grouped top-k and its relatives: experts picked within the best groups by corrected scores.
 
-    The experts form ``n_group`` groups of consecutive ids; a group scores the
-    sum of its two best ``sigmoid(logit) + e_score_correction_bias``; the
-    ``topk_group`` best groups stay, and the top-k of the corrected scores
-    among their experts are picked. Each weight is its uncorrected score,
-    divided by the sum of the k (plus 1e-20) when ``renormalize``; the
-    config's ``routed_scaling_factor`` multiplies the output. The correction
-    bias is a learned tensor: the :class:`~moe_core.routing.Router` holds it.
+    The experts form ``n_group`` groups of consecutive ids. Each logit becomes
+    a score (``scoring``: sigmoid, or a softmax over all experts); a group
+    scores the sum of its two best ``score + e_score_correction_bias`` (or its
+    best one: ``group_score``); the ``topk_group`` best groups stay, and the
+    top-k of the corrected scores among their experts are picked. Each weight
+    is its uncorrected score, divided by the sum of the k (plus 1e-20) when
+    ``renormalize``, or by ``max(sum, sum_floor)`` where a ``sum_floor`` is
+    given (ERNIE 4.5's ``moe_norm_min``); the config's
+    ``routed_scaling_factor`` multiplies the output. The correction bias is
+    a learned tensor: the :class:`~moe_core.routing.Router` holds it. Experts
+    of dropped groups are never picked (DeepSeek-V2 and Mistral 4 mask them
+    with 0.0 rather than -inf: the same choice wherever the kept groups hold k
+    experts with a nonzero score).
     """
 
     n_group: int = attrs.field(validator=_positive_int)
     topk_group: int = attrs.field(validator=_positive_int)
     renormalize: bool = attrs.field(validator=_bool)
+    scoring: Scoring = Scoring.SIGMOID
+    group_score: GroupScore = GroupScore.TOP2_SUM
+    sum_floor: float | None = attrs.field(default=None, validator=_optional_positive_finite)
 
     def __attrs_post_init__(self) -> None:
         if self.topk_group > self.n_group:
             raise ValueError(f"GroupedTopK.topk_group: expected at most n_group={self.n_group}, got {self.topk_group}")
+        for name, kind in (("scoring", Scoring), ("group_score", GroupScore)):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"GroupedTopK.{name}: expected a {kind.__name__}, got {getattr(self, name)!r}")
+        if self.sum_floor is not None and not self.renormalize:
+            raise ValueError("GroupedTopK.sum_floor: bounds the renormalizing sum, so it needs renormalize=True")
 
     @property
     def value(self) -> str:
-        """The name for messages and tables."""
-        return "grouped_topk"
+        """The name for messages and tables: ``grouped_topk``, with the scoring and group score where they are not
+        DeepSeek-V3's."""
+        name = "grouped_topk"
+        if self.scoring is not Scoring.SIGMOID:
+            name += f"_{self.scoring.value}"
+        if self.group_score is not GroupScore.TOP2_SUM:
+            name += f"_group_{self.group_score.value}"
+        return name
 
     @property
     def scales_input(self) -> bool:
@@ -219,8 +264,11 @@ class GroupedTopK:
 
     @property
     def routed_weights(self) -> RoutedWeights:
-        """What its top-k weights satisfy."""
-        return RoutedWeights.SUM_TO_ONE if self.renormalize else RoutedWeights.EACH_AT_MOST_ONE
+        """What its top-k weights satisfy: renormalized ones sum to 1 (at most 1 under a floor), softmax scores to
+        at most 1, sigmoid scores are each at most 1."""
+        if self.renormalize:
+            return RoutedWeights.SUM_TO_ONE if self.sum_floor is None else RoutedWeights.SUM_AT_MOST_ONE
+        return RoutedWeights.SUM_AT_MOST_ONE if self.scoring is Scoring.SOFTMAX else RoutedWeights.EACH_AT_MOST_ONE
 
 
 @final
@@ -346,10 +394,35 @@ class MoeRunnerConfig:
                     f"routing_method: GroupedTopK.n_group={routing.n_group} must divide num_experts={self.num_experts}"
                 )
             per_group = self.num_experts // routing.n_group
-            if per_group < 2:
+            if per_group < 2 and routing.group_score is GroupScore.TOP2_SUM:
                 raise ValueError(f"routing_method: a group scores its best two experts, got {per_group} per group")
             if self.top_k > routing.topk_group * per_group:
                 raise ValueError(
                     f"top_k: expected at most the {routing.topk_group * per_group} experts of the kept groups, "
                     f"got {self.top_k}"
                 )
+
+
+EXAMPLE_ACTIVATIONS: tuple[ExpertActivation, ...] = (*Activation, ClampedSwiglu())
+"""One value of every activation (gpt-oss's parameters for the clamped SwiGLU): what ``moe-core info`` asks each
+backend about and ``moe-core check`` runs each backend on."""
+
+
+def example_routings(num_experts: int, top_k: int) -> tuple[Routing, ...]:
+    """One value of every routing method (each scoring of :class:`GroupedTopK`) that a layer of ``num_experts``
+    experts and ``top_k`` takes: the most groups of at least two experts (up to 8), half of them kept; sparsemixer
+    at ``top_k == 2`` only. What ``moe-core info`` and ``moe-core check`` try; a new method belongs here."""
+    routings: list[Routing] = [*RoutingMethod, SigmoidTopK(renormalize=False), SigmoidTopK(renormalize=True)]
+    groups = next((g for g in (8, 4, 2, 1) if num_experts % g == 0 and num_experts // g >= 2), None)
+    if groups is not None and top_k <= max(1, groups // 2) * (num_experts // groups):
+        kept = max(1, groups // 2)
+        routings += [
+            GroupedTopK(n_group=groups, topk_group=kept, renormalize=True),
+            GroupedTopK(n_group=groups, topk_group=kept, renormalize=True, scoring=Scoring.SOFTMAX),
+            GroupedTopK(n_group=groups, topk_group=kept, renormalize=False, scoring=Scoring.SOFTMAX,
+                        group_score=GroupScore.MAX),
+        ]
+    routings.append(Llama4Sigmoid())
+    if top_k == 2:
+        routings.append(SparseMixer(jitter_eps=0.01))
+    return tuple(routings)

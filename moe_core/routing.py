@@ -2,7 +2,9 @@
 
 Each method computes as transformers' own modeling code does (in float32):
 Mixtral/Qwen/OLMoE softmax-top-k, Granite/gpt-oss top-k-softmax,
-DeepSeek-V3/GLM4-MoE grouped top-k, Llama 4's sigmoid, PhiMoE's sparsemixer.
+DeepSeek-V3/GLM4-MoE grouped top-k (and its softmax-scored relatives:
+DeepSeek-V2's group-limited greedy, Mistral 4, ERNIE 4.5), Llama 4's
+sigmoid, PhiMoE's sparsemixer.
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ import torch
 import torch.nn.functional as F
 
 from moe_core._checks import FLOAT_DTYPES, require_dtype, require_ndim, require_same_device, require_shape, require_tensor
-from moe_core.config import GroupedTopK, Llama4Sigmoid, MoeRunnerConfig, RoutingMethod, SigmoidTopK, SparseMixer
+from moe_core.config import (
+    GroupedTopK,
+    GroupScore,
+    Llama4Sigmoid,
+    MoeRunnerConfig,
+    RoutingMethod,
+    Scoring,
+    SigmoidTopK,
+    SparseMixer,
+)
 from moe_core.dispatch import TopKOutput
 
 
@@ -67,12 +78,15 @@ class Router:
 def _grouped_topk(
     logits: torch.Tensor, method: GroupedTopK, top_k: int, correction: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek-V3's router after its logits, step for step."""
+    """DeepSeek-V3's router after its logits, step for step (and its relatives' scorings, see GroupedTopK)."""
     tokens, experts = logits.shape
-    scores = logits.sigmoid()
+    scores = logits.softmax(dim=-1) if method.scoring is Scoring.SOFTMAX else logits.sigmoid()
     for_choice = scores if correction is None else scores + correction.float()
     groups = for_choice.view(tokens, method.n_group, experts // method.n_group)
-    group_scores = groups.topk(2, dim=-1)[0].sum(dim=-1)
+    if method.group_score is GroupScore.MAX:
+        group_scores = groups.max(dim=-1).values
+    else:
+        group_scores = groups.topk(2, dim=-1)[0].sum(dim=-1)
     group_idx = torch.topk(group_scores, k=method.topk_group, dim=-1, sorted=False)[1]
     group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
     score_mask = group_mask.unsqueeze(-1).expand(-1, -1, experts // method.n_group).reshape(tokens, experts)
@@ -80,7 +94,8 @@ def _grouped_topk(
     ids = torch.topk(for_choice, k=top_k, dim=-1, sorted=False)[1]
     weights = scores.gather(1, ids)
     if method.renormalize:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        total = weights.sum(dim=-1, keepdim=True)
+        weights = weights / (total + 1e-20 if method.sum_floor is None else total.clamp(min=method.sum_floor))
     return weights, ids
 
 
@@ -153,7 +168,7 @@ def check_router(router: Router, config: MoeRunnerConfig) -> None:
         raise ValueError(f"router: expected {config.num_experts} experts like the config, got {router.num_experts}")
     if router.bias is not None and isinstance(config.routing_method, GroupedTopK):
         raise ValueError(
-            "Router.bias: grouped_topk routing chooses on sigmoid scores plus a correction bias, which goes in "
+            f"Router.bias: {config.routing_method.value} routing chooses on scores plus a correction bias, which goes in "
             "Router(score_correction_bias=...) (DeepSeek-V3's e_score_correction_bias); a logit bias under it is "
             "no model moe-core computes"
         )

@@ -200,4 +200,6 @@ def test_capability_table_lists_each_backends_values() -> None:
     assert "grouped_topk" in rows["triton-dense"].supported_routings()
     assert rows["flashinfer-cutlass-bf16"].supported_activations() == ("silu",)
     assert len(rows["reference-dense"].supported_activations()) == 5
-    assert len(rows["reference-dense"].supported_routings()) == 7
+    assert len(rows["reference-dense"].supported_routings()) == 9  # grouped top-k by sigmoid, softmax, softmax group max
+    assert {"grouped_topk_softmax", "grouped_topk_softmax_group_max"} <= set(rows["triton-dense"].supported_routings())
+    assert "grouped_topk_softmax" not in rows["flashinfer-trtllm-fp4"].supported_routings()

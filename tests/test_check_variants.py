@@ -8,8 +8,9 @@ from importlib.metadata import EntryPoint, entry_points
 
 import pytest
 
-from moe_core import Activation, MoeRunnerConfig, RoutingMethod, registry
+from moe_core import Activation, Llama4Sigmoid, MoeRunnerConfig, RoutingMethod, registry
 from moe_core.check import VARIANT_SCALING_FACTOR, config_variants
+from moe_core.config import EXAMPLE_ACTIVATIONS, example_routings
 from moe_core.cli import main
 from moe_core.registry import ENTRY_POINT_GROUP
 from tests.test_cli import SMALL, table_lines, table_rows
@@ -27,13 +28,17 @@ def ignoring_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     sys.modules.pop("tests.plugins.ignores_config", None)
 
 
-def test_variants_cover_every_member_a_scaling_factor_and_expert_parallelism() -> None:
+def test_variants_cover_every_activation_and_routing_a_scaling_factor_and_expert_parallelism() -> None:
     config = MoeRunnerConfig(num_experts=8, hidden_size=64, intermediate_size_per_partition=64, top_k=2)
     variants = dict(config_variants(config))
-    activations = [variant.activation for variant in variants.values() if variant.activation is not config.activation]
-    assert set(activations) == set(Activation) - {config.activation}
-    routings = [variant.routing_method for variant in variants.values() if variant.routing_method is not config.routing_method]
-    assert set(routings) == set(RoutingMethod) - {config.routing_method}
+    activations = [variant.activation for variant in variants.values() if variant.activation != config.activation]
+    assert set(activations) == set(EXAMPLE_ACTIVATIONS) - {config.activation}
+    assert len(activations) == len(Activation)  # the parameterless members and the clamped SwiGLU, the default gone
+    routings = [variant.routing_method for variant in variants.values() if variant.routing_method != config.routing_method]
+    assert set(routings) == set(example_routings(8, 2)) - {config.routing_method}
+    names = {routing.value for routing in routings}
+    assert {"sigmoid_topk", "grouped_topk", "grouped_topk_softmax", "llama4_sigmoid", "sparsemixer"} <= names
+    assert len(names) == len(routings), "each routing variant has a name of its own in the table"
     assert variants[f"routed_scaling_factor={VARIANT_SCALING_FACTOR:g}"].routed_scaling_factor == VARIANT_SCALING_FACTOR
     parallel = variants["local_experts=4-7/8"]
     assert (parallel.num_local_experts, parallel.local_expert_offset) == (4, 4)
@@ -50,16 +55,26 @@ def test_a_layer_already_split_across_ranks_is_not_split_again() -> None:
 
 
 @pytest.mark.usefixtures("ignoring_plugins")
-def test_a_backend_that_ignores_the_activation_or_the_scaling_factor_fails(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_backend_that_ignores_the_activation_the_routing_or_the_scaling_factor_fails(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert main(["check", *SMALL]) == 1
     out = capsys.readouterr().out
     rows = table_rows(out)
-    assert rows["dense ignores-activation"][-1] == "ok", "on the default config it computes the right thing"
-    assert rows["dense ignores-scaling-factor"][-1] == "ok"
-    for activation in set(Activation) - {Activation.SILU_GATED}:
+    for plugin in ("ignores-activation", "ignores-scaling-factor", "ignores-routing"):
+        assert rows[f"dense {plugin}"][-1] == "ok", "on the default config it computes the right thing"
+    for activation in set(EXAMPLE_ACTIVATIONS) - {Activation.SILU_GATED}:
         verdict = rows[f"dense[activation={activation.value}] ignores-activation"][-1]
         assert verdict.startswith("FAILED"), (activation, verdict)  # a wrong value, or a non-gated layer's w13 refused
         assert rows[f"dense[activation={activation.value}] ignores-scaling-factor"][-1] == "ok"
+    for routing in example_routings(4, 2):  # SMALL's experts and top-k
+        if routing == RoutingMethod.TOPK_RENORMALIZE:
+            continue  # the default config's
+        verdict = rows[f"dense[routing={routing.value}] ignores-routing"][-1]
+        if isinstance(routing, Llama4Sigmoid):
+            assert verdict.startswith("FAILED: error above"), verdict
+        else:
+            assert verdict == "ok", (routing, verdict)
     scaled = f"dense[routed_scaling_factor={VARIANT_SCALING_FACTOR:g}]"
     assert rows[f"{scaled} ignores-scaling-factor"][-1].startswith("FAILED: error above")
     assert rows[f"{scaled} ignores-activation"][-1] == "ok"

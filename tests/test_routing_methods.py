@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 import torch
 
-from moe_core.config import GroupedTopK, Llama4Sigmoid, MoeRunnerConfig, RoutingMethod, SigmoidTopK, SparseMixer
+from moe_core.config import (
+    GroupedTopK,
+    GroupScore,
+    Llama4Sigmoid,
+    MoeRunnerConfig,
+    RoutingMethod,
+    Scoring,
+    SigmoidTopK,
+    SparseMixer,
+)
 from moe_core.dispatch import StandardDispatchOutput
 from moe_core.formats.dense import DenseMoeWeights, DenseRecipe
 from moe_core.formats.reference import ReferenceRunner
@@ -70,6 +80,53 @@ def test_grouped_topk_against_the_deepseek_formula(gen: torch.Generator, renorma
         total = sum(scores[e] for e in best) + 1e-20 if renormalize else 1.0
         want.append({e: scores[e] / total for e in best})
     _assert_same(_by_id(topk.topk_ids, topk.topk_weights), want)
+
+
+def _softmax(row: list[float]) -> list[float]:
+    top = max(row)
+    exps = [math.exp(v - top) for v in row]
+    return [e / sum(exps) for e in exps]
+
+
+@pytest.mark.parametrize("group_score", list(GroupScore))
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_softmax_grouped_topk_against_its_formula(gen: torch.Generator, renormalize: bool, group_score: GroupScore) -> None:
+    """Mistral 4 (top-2 sums of softmax scores) and DeepSeek-V2's group-limited greedy (each group's best softmax
+    score), written out per token; a correction bias moves the choice only."""
+    method = GroupedTopK(n_group=4, topk_group=2, renormalize=renormalize, scoring=Scoring.SOFTMAX, group_score=group_score)
+    logits, bias = torch.randn(12, E, generator=gen) * 2, torch.rand(E, generator=gen) * 0.1
+    topk = select_experts(logits, _config(method), score_correction_bias=bias)
+    want = []
+    for row in logits.tolist():
+        scores = _softmax(row)
+        choice = [s + float(b) for s, b in zip(scores, bias, strict=True)]
+        groups = [list(range(g * 2, g * 2 + 2)) for g in range(4)]
+        width = 2 if group_score is GroupScore.TOP2_SUM else 1
+        ranked = sorted(groups, key=lambda members: -sum(sorted((choice[e] for e in members), reverse=True)[:width]))
+        kept = [e for members in ranked[:2] for e in members]
+        best = sorted(kept, key=lambda e: -choice[e])[:3]
+        total = sum(scores[e] for e in best) + 1e-20 if renormalize else 1.0
+        want.append({e: scores[e] / total for e in best})
+    _assert_same(_by_id(topk.topk_ids, topk.topk_weights), want)
+
+
+def test_a_sum_floor_bounds_the_renormalizing_sum(gen: torch.Generator) -> None:
+    """ERNIE 4.5: softmax scores chosen with a correction bias, weights divided by max(sum, moe_norm_min): a bias
+    that picks three nearly-zero experts leaves their weights below 1 in total, where sum + 1e-20 would blow them up."""
+    logits = torch.randn(12, E, generator=gen)
+    logits[:, :3] = -40.0  # softmax scores near 4e-18
+    bias = torch.zeros(E)
+    bias[:3] = 10.0
+    floor = 1e-12
+    method = GroupedTopK(n_group=1, topk_group=1, renormalize=True, scoring=Scoring.SOFTMAX, sum_floor=floor)
+    topk = select_experts(logits, _config(method), score_correction_bias=bias)
+    assert (topk.topk_ids.sort(dim=1).values == torch.tensor([0, 1, 2], dtype=torch.int32)).all()
+    scores = logits.softmax(dim=-1)[:, :3]
+    assert _near(topk.topk_weights.sort(dim=1).values, (scores / scores.sum(dim=1, keepdim=True).clamp(min=floor)).sort(dim=1).values)
+    assert float(topk.topk_weights.sum(dim=1).max()) < 1e-4
+    unfloored = select_experts(logits, _config(attrs.evolve(method, sum_floor=None)), score_correction_bias=bias)
+    assert _near(unfloored.topk_weights.sum(dim=1), scores.sum(dim=1) / (scores.sum(dim=1) + 1e-20))
+    assert float(unfloored.topk_weights.sum(dim=1).min()) > 0.9
 
 
 def test_grouped_topk_keeps_only_experts_of_the_best_groups(gen: torch.Generator) -> None:
@@ -138,6 +195,10 @@ def test_router_computes_logits_with_its_bias(gen: torch.Generator) -> None:
         (lambda: _config(GroupedTopK(n_group=8, topk_group=1, renormalize=True)), "best two experts, got 1 per group"),
         (lambda: _config(GroupedTopK(n_group=4, topk_group=1, renormalize=True)), "at most the 2 experts"),
         (lambda: GroupedTopK(n_group=2, topk_group=3, renormalize=True), "topk_group: expected at most n_group=2"),
+        (lambda: GroupedTopK(n_group=2, topk_group=1, renormalize=True, scoring="softmax"),  # type: ignore[arg-type]
+         "GroupedTopK.scoring: expected a Scoring"),
+        (lambda: GroupedTopK(n_group=2, topk_group=1, renormalize=False, sum_floor=1e-12), "needs renormalize=True"),
+        (lambda: GroupedTopK(n_group=2, topk_group=1, renormalize=True, sum_floor=0.0), "sum_floor: expected a finite value > 0"),
         (lambda: SparseMixer(jitter_eps=-0.1), "jitter_eps: expected a finite value >= 0"),
         (lambda: _config("grouped"), "routing_method: expected a RoutingMethod, SigmoidTopK"),
         (lambda: Router(weight=torch.zeros(E, H), bias=torch.zeros(E + 1)), r"Router.bias: expected shape"),
@@ -159,7 +220,7 @@ def test_a_correction_bias_passed_as_the_logit_bias_is_refused(gen: torch.Genera
     config = _config(GroupedTopK(n_group=4, topk_group=2, renormalize=True))
     correction = torch.randn(E, generator=gen)
     misplaced = Router(weight=torch.randn(E, 16, generator=gen), bias=correction)
-    with pytest.raises(ValueError, match=r"Router\.bias: grouped_topk routing chooses on sigmoid scores plus a correction bias"):
+    with pytest.raises(ValueError, match=r"Router\.bias: grouped_topk routing chooses on scores plus a correction bias"):
         route(torch.randn(3, 16, generator=gen), misplaced, config)
     placed = Router(weight=misplaced.weight, score_correction_bias=correction)
     assert route(torch.randn(3, 16, generator=gen), placed, config).topk_ids.shape == (3, config.top_k)

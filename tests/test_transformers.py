@@ -211,6 +211,10 @@ CONFIGS: dict[str, Callable[..., object]] = {
         shared_expert_combination_strategy="average", expert_selection_fn="sigmoid", norm_topk_prob=True,
         head_dim=8, **ATTENTION, **more
     ),
+    "ernie4_5_moe": lambda **more: transformers.Ernie4_5_MoeConfig(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=16, moe_num_experts=8, moe_k=3,
+        moe_num_shared_experts=2, moe_layer_start_index=0, head_dim=8, **ATTENTION, **more
+    ),
     "flint": lambda **more: transformers.FlintConfig(
         hidden_size=32, moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=8,
         num_experts_per_tok=3, norm_topk_prob=True, head_dim=8, **ATTENTION, **more
@@ -323,6 +327,12 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
         "cohere2_moe", {"expert_selection_fn": "softmax", "shared_expert_combination_strategy": "sum"}
     ),
     "lfm2_moe/no expert bias": ("lfm2_moe", {"use_expert_bias": False, "norm_topk_prob": False}),
+    "mistral4/dropped groups": ("mistral4", {"n_group": 4, "topk_group": 2}),
+    "mistral_large4/dropped groups": ("mistral_large4", {"n_group": 4, "topk_group": 2}),
+    "deepseek_v2/group-limited greedy": (
+        "deepseek_v2", {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2}
+    ),
+    "ernie4_5_moe/no shared expert": ("ernie4_5_moe", {"moe_num_shared_experts": 0}),
 }
 """Another reading of a family's config, checked like its tiny config: ``name -> (family, config overrides)``."""
 
@@ -458,7 +468,7 @@ def _output(result: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
 REFUSED: dict[str, tuple[str, dict[str, object], str]] = {
     "axk2/grouped": ("axk2", {"n_group": 4, "topk_group": 2}, "masks dropped groups with 0.0"),
     "laguna/softcapped": ("laguna", {"moe_router_logit_softcapping": 30.0}, "soft-capped router logits"),
-    "mistral4/dropped groups": ("mistral4", {"n_group": 4, "topk_group": 2}, "drops groups"),
+    "deepseek_v2/unknown topk_method": ("deepseek_v2", {"topk_method": "noaux_tc"}, "'greedy' or 'group_limited_greedy'"),
     "step3p7/swiglu limits": ("step3p7", {"swiglu_limits": [7.0] * 64}, "clamped SwiGLU"),
     "cohere2_moe/unknown strategy": (
         "cohere2_moe", {"shared_expert_combination_strategy": "max"}, "'sum' or 'average'"

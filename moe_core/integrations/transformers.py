@@ -37,10 +37,12 @@ from moe_core.config import (
     ClampedSwiglu,
     ExpertActivation,
     GroupedTopK,
+    GroupScore,
     Llama4Sigmoid,
     MoeRunnerConfig,
     Routing,
     RoutingMethod,
+    Scoring,
     SigmoidTopK,
     SparseMixer,
 )
@@ -350,20 +352,46 @@ def _deepseek(block: nn.Module, config: object) -> BlockParts:
 
 
 def _deepseek_v2(block: nn.Module, config: object) -> BlockParts:
-    """DeepSeek-V2's greedy routing: softmax top-k of a float32 router, not renormalized, scaled output, an ungated
-    shared expert. Its ``group_limited_greedy`` (groups scored by their best softmax) is not covered."""
+    """DeepSeek-V2's routing of a float32 router, not renormalized, a scaled output, an ungated shared expert:
+    ``greedy`` softmax top-k, or ``group_limited_greedy`` (softmax scores, groups ranked by their best score)."""
     method = _get(block, "gate.topk_method", str)
-    if method != "greedy":
-        raise ValueError(f"topk_method: expected 'greedy' (group_limited_greedy is not covered), got {method!r}")
+    if method == "greedy":
+        routing: Routing = RoutingMethod.SOFTMAX_TOPK
+    elif method == "group_limited_greedy":
+        routing = GroupedTopK(
+            n_group=_get(block, "gate.num_group", int), topk_group=_get(block, "gate.topk_group", int),
+            renormalize=False, scoring=Scoring.SOFTMAX, group_score=GroupScore.MAX,
+        )
+    else:
+        raise ValueError(f"topk_method: expected 'greedy' or 'group_limited_greedy', got {method!r}")
     activation = _hidden_act(_get(config, "hidden_act", str))
     return BlockParts(
         top_k=_get(block, "gate.top_k", int),
         activation=activation,
-        routing=RoutingMethod.SOFTMAX_TOPK,
+        routing=routing,
         router=Router(weight=_tensor(block, "gate.weight").float()),
         weights=_experts(block),
         routed_scaling_factor=_float(block, "gate.routed_scaling_factor"),
         shared_expert=_mlp(block, "shared_experts", activation),
+    )
+
+
+def _ernie4_5_moe(block: nn.Module, config: object) -> BlockParts:
+    """ERNIE 4.5: softmax scores of a float32 router, the top-k of the scores plus a correction bias, each weight
+    its score divided by ``max(sum, moe_norm_min)``; an ungated shared expert where the block has one."""
+    activation = _checked_activation(block, config)
+    return BlockParts(
+        top_k=_get(block, "gate.top_k", int),
+        activation=activation,
+        routing=GroupedTopK(
+            n_group=1, topk_group=1, renormalize=True, scoring=Scoring.SOFTMAX, sum_floor=_float(block, "gate.norm_min")
+        ),
+        router=Router(
+            weight=_tensor(block, "gate.weight").float(),
+            score_correction_bias=_tensor(block, "gate.moe_statics.e_score_correction_bias").float().reshape(-1),
+        ),
+        weights=_experts(block),
+        shared_expert=_shared(block, "shared_experts", activation),
     )
 
 
@@ -665,24 +693,23 @@ def _cohere2_moe(block: nn.Module, config: object) -> BlockParts:
 
 
 def _mistral4(float32_router: bool) -> Callable[[nn.Module, object], BlockParts]:
-    """Mistral 4 / Mistral Large 4: softmax scores, grouped top-k where every group is kept (``topk_group ==
-    n_group``, the configs' default of one group), renormalized (Mistral 4: as ``norm_topk_prob`` says), scaled;
-    an ungated shared expert. Groups that drop experts are not covered (scored by softmax, not sigmoid). Mistral
-    Large 4 computes its router in float32 (``float32_router``), Mistral 4 in the weights' dtype."""
+    """Mistral 4 / Mistral Large 4: softmax scores, grouped top-k (groups ranked by their two best scores; where
+    every group is kept, the configs' default of one group, that is plain softmax top-k), renormalized (Mistral 4:
+    as ``norm_topk_prob`` says), scaled; an ungated shared expert. Mistral Large 4 computes its router in float32
+    (``float32_router``), Mistral 4 in the weights' dtype."""
 
     def read(block: nn.Module, config: object) -> BlockParts:
         groups, kept = _get(block, "gate.num_group", int), _get(block, "gate.topk_group", int)
-        if kept != groups:
-            raise ValueError(
-                f"topk_group: grouped softmax routing that drops groups is not covered, got {kept} of {groups}"
-            )
         renormalize = getattr(_get(block, "gate", nn.Module), "norm_topk_prob", True)
+        routing: Routing = RoutingMethod.TOPK_RENORMALIZE if renormalize else RoutingMethod.SOFTMAX_TOPK
+        if kept != groups:
+            routing = GroupedTopK(n_group=groups, topk_group=kept, renormalize=renormalize, scoring=Scoring.SOFTMAX)
         activation = _hidden_act(_get(config, "hidden_act", str))
         weight = _tensor(block, "gate.weight")
         return BlockParts(
             top_k=_get(block, "gate.top_k", int),
             activation=activation,
-            routing=RoutingMethod.TOPK_RENORMALIZE if renormalize else RoutingMethod.SOFTMAX_TOPK,
+            routing=routing,
             router=Router(weight=weight.float() if float32_router else weight),
             weights=_experts(block),
             routed_scaling_factor=_float(block, "gate.routed_scaling_factor"),
@@ -776,6 +803,7 @@ FAMILIES: dict[str, Family] = {
     "AriaTextMoELayer": Family("aria", _aria),
     "BeamMoE": Family("beam", _beam),
     "Cohere2MoeSparseMoeBlock": Family("cohere2_moe", _cohere2_moe),
+    "Ernie4_5_MoeSparseMoeBlock": Family("ernie4_5_moe", _ernie4_5_moe),
     "FlintSparseMoeBlock": Family("flint", _sigmoid_topk),
     "HunYuanMoEV1Moe": Family("hunyuan_v1_moe", _hunyuan_v1_moe),
     "HYV3MoE": Family("hy_v3", _hy_v3),

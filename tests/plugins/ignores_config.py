@@ -1,8 +1,10 @@
 """A plugin that claims every config yet computes only the default one, for the tests of ``moe-core check``'s variants.
 
-Importing this module registers two dense backends: one that always computes
-gated SiLU, whatever the config's activation, and one that drops the routed
-scaling factor. Both answer ``supports`` with ok for any layer.
+Importing this module registers three dense backends: one that always
+computes gated SiLU, whatever the config's activation, one that drops the
+routed scaling factor, and one that weights every expert's output by its
+top-k weight whatever the routing method (Llama 4's weights scale the
+expert's input). All answer ``supports`` with ok for any layer.
 """
 
 from __future__ import annotations
@@ -10,7 +12,16 @@ from __future__ import annotations
 import attrs
 import torch
 
-from moe_core import DENSE, Activation, Conversion, DenseMoeWeights, DispatchOutput, MoeRunnerConfig, register_backend
+from moe_core import (
+    DENSE,
+    Activation,
+    Conversion,
+    DenseMoeWeights,
+    DispatchOutput,
+    MoeRunnerConfig,
+    SigmoidTopK,
+    register_backend,
+)
 from moe_core.backends.reference import ORACLE, REFERENCE_DENSE, reference_supports
 
 
@@ -40,6 +51,19 @@ class UnscaledRunner:
         return REFERENCE_DENSE.factory(unscaled).run(dispatch, quant_info)
 
 
+@attrs.frozen
+class OutputWeightingRunner:
+    """The dense reference, with the routing method taken as one that weights the experts' outputs."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        weighted = self.config
+        if self.config.routing_method.scales_input:
+            weighted = attrs.evolve(self.config, routing_method=SigmoidTopK(renormalize=False))
+        return REFERENCE_DENSE.factory(weighted).run(dispatch, quant_info)
+
+
 register_backend(
     "ignores-activation",
     description="claims every activation, computes gated SiLU",
@@ -52,6 +76,14 @@ register_backend(
     "ignores-scaling-factor",
     description="claims every routed scaling factor, applies none",
     factory=UnscaledRunner,
+    supports=reference_supports,
+    priority=ORACLE,
+    conversions=[Conversion(DENSE, _as_is)],
+)
+register_backend(
+    "ignores-routing",
+    description="claims every routing method, weights every expert's output",
+    factory=OutputWeightingRunner,
     supports=reference_supports,
     priority=ORACLE,
     conversions=[Conversion(DENSE, _as_is)],
