@@ -24,7 +24,7 @@ import attrs
 import torch
 
 from moe_core.capability import DeviceSpec, LayerSpec, Support
-from moe_core.config import Activation
+from moe_core.config import Activation, MoeRunnerConfig
 from moe_core._checks import require_dtype, require_ndim, require_positive, require_tensor
 from moe_core.global_scales import _TensorScale
 
@@ -96,7 +96,20 @@ def device_reasons(device: DeviceSpec, capabilities: Collection[tuple[int, int]]
 def swiglu_only(layer: LayerSpec) -> list[str]:
     """Why a FlashInfer MoE kernel cannot compute ``layer``: they are built here for gated SiLU (SwiGLU) experts
     without biases, the top-k weights scaling each expert's output."""
-    config, reasons = layer.config, []
+    return swiglu_reasons(layer.config)
+
+
+def require_swiglu(owner: str, config: MoeRunnerConfig) -> None:
+    """``ValueError`` naming ``owner`` and every :func:`swiglu_reasons` of ``config``: the runners' own check, for
+    runners made by key (``create_runner``, ``key.bind``) that selection's ``supports`` never saw."""
+    reasons = swiglu_reasons(config)
+    if reasons:
+        raise ValueError(f"{owner}: {'; '.join(reasons)}")
+
+
+def swiglu_reasons(config: MoeRunnerConfig) -> list[str]:
+    """:func:`swiglu_only`'s reasons, from the config alone."""
+    reasons = []
     if config.activation is not Activation.SILU_GATED:
         reasons.append(f"the adapter passes SwiGLU only, not {config.activation.value}")
     if config.routing_method.scales_input:

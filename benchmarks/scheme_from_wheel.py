@@ -19,7 +19,7 @@ import torch
 
 from moe_core.checkpoint import MoeCheckpoint
 from moe_core.dispatch import StandardDispatchOutput
-from moe_core.routing import select_experts
+from moe_core.routing import route
 
 REFERENCES = {"nvfp4": ("reference-nvfp4-w4a16", "reference-nvfp4"), "dense": ("reference-dense",)}
 """What each format's chosen backend is compared with: the computation it runs first, then the format's own oracle."""
@@ -57,8 +57,7 @@ def main() -> None:
         scheme = checkpoint.load_layer(layer, device=device)
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(args.tokens, checkpoint.hidden_size, generator=gen).to(torch.bfloat16).to(device)
-        logits = x.float() @ checkpoint.router_weight(layer).to(device).float().T
-        dispatch = StandardDispatchOutput(x, select_experts(logits, scheme.config))
+        dispatch = StandardDispatchOutput(x, route(x, checkpoint.router(layer, device=device), scheme.config))
         chosen = scheme.backend_summary().split("; passed over")[0]
         out = scheme.apply(dispatch).float()
         ms = per_call_ms(scheme.apply, dispatch, args.calls)

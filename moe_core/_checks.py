@@ -84,8 +84,16 @@ def _all_finite(tensor: torch.Tensor) -> bool:
         chunks: tuple[torch.Tensor, ...] = (tensor,)
     else:
         chunks = tuple(torch.split(tensor, max(1, FINITE_CHUNK // (tensor.numel() // tensor.shape[0]))))
-    flags = [torch.isfinite(c.float() if c.element_size() == 1 else c).all() for c in chunks]
+    flags = [_finite(c) for c in chunks]
     return bool(torch.stack(flags).all())
+
+
+def _finite(chunk: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool: every value of ``chunk`` finite. E4M3 from its bytes (its only non-finite codes are the NaNs
+    0x7F and 0xFF), other one-byte floats upcast, the rest as they are."""
+    if chunk.dtype == torch.float8_e4m3fn:
+        return ((chunk.view(torch.uint8) & 0x7F) != 0x7F).all()
+    return torch.isfinite(chunk.float() if chunk.element_size() == 1 else chunk).all()
 
 
 def require_positive(name: str, tensor: torch.Tensor) -> None:

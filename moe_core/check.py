@@ -156,7 +156,7 @@ def _variant_layer(
             return "the batch has no router logits to route again"
         topk = TopKOutput(dispatch.topk.topk_ids[:tokens], dispatch.topk.topk_weights[:tokens], num_experts=variant.num_experts)
     else:
-        topk = select_experts(logits[:tokens], variant)
+        topk = select_experts(logits[:tokens], variant, score_correction_bias=None)
     return DenseMoeWeights(w13=w13, w2=source.w2[experts]), StandardDispatchOutput(dispatch.hidden_states[:tokens], topk)
 
 

@@ -37,6 +37,7 @@ from moe_core.config import (
 )
 from moe_core.expert_params import ExpertShard
 from moe_core.formats.dense.weights import GateUpLayout
+from moe_core.routing import Router
 from moe_core.scheme import MoeScheme, SchemeOptions, SchemeSpec, UnsupportedCheckpoint
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -110,7 +111,8 @@ def _gpt_oss(config: Mapping[str, object]) -> LayerSemantics:
 
 def _deepseek_v3(config: Mapping[str, object]) -> LayerSemantics:
     """DeepSeek-V3: sigmoid scores, grouped top-k with the router's correction bias (``noaux_tc``), a routed scaling
-    factor; another scoring function or top-k method (DeepSeek-V2's) is refused by name."""
+    factor (2.5 where absent, as transformers reads the config); another scoring function or top-k method
+    (DeepSeek-V2's) is refused by name."""
     _choice_field(config, "scoring_func", "sigmoid")
     _choice_field(config, "topk_method", "noaux_tc")
     routing = GroupedTopK(
@@ -121,7 +123,7 @@ def _deepseek_v3(config: Mapping[str, object]) -> LayerSemantics:
     return LayerSemantics(
         routing=routing,
         activation=_hidden_act(config),
-        routed_scaling_factor=_float_field(config, "routed_scaling_factor", 1.0),
+        routed_scaling_factor=_float_field(config, "routed_scaling_factor", 2.5),  # transformers' default
     )
 
 
@@ -144,6 +146,8 @@ class ArchitectureNames:
     ``experts.{gate_up_proj|down_proj}_{name}`` ``[E, ...]``, whose fused gate/up rows are in that layout (gpt-oss)."""
     semantics: Callable[[Mapping[str, object]], LayerSemantics] = attrs.field(kw_only=True)
     """The layer's routing, activation, scaling and biases from ``config.json``."""
+    float32_router: bool = attrs.field(default=False, kw_only=True)
+    """The architecture computes its router logits in float32 whatever the model's dtype (DeepSeek-V3)."""
 
 
 ARCHITECTURES: Mapping[str, ArchitectureNames] = {
@@ -155,7 +159,9 @@ ARCHITECTURES: Mapping[str, ArchitectureNames] = {
         ("num_local_experts",), "intermediate_size", "mlp",
         router="router", fused_experts=GateUpLayout.INTERLEAVED, semantics=_gpt_oss,
     ),
-    "deepseek_v3": ArchitectureNames(("n_routed_experts",), "moe_intermediate_size", "mlp", semantics=_deepseek_v3),
+    "deepseek_v3": ArchitectureNames(
+        ("n_routed_experts",), "moe_intermediate_size", "mlp", semantics=_deepseek_v3, float32_router=True
+    ),
 }
 """The architectures (``config.json``'s ``model_type``) whose MoE layers the loader knows."""
 
@@ -388,12 +394,33 @@ class MoeCheckpoint:
                     yield key, handle.get_tensor(key)
 
     def router_weight(self, layer: int) -> torch.Tensor:
-        """The router's ``[num_experts, hidden]`` weight of ``layer``."""
+        """The router's ``[num_experts, hidden]`` weight of ``layer`` (its whole router: :meth:`router`)."""
         key = f"{self.block_prefix(layer)}.{self.names.router}.weight"
         if key not in self.weight_map:
             raise KeyError(f"{key}: not in {self.directory}")
         ((_, tensor),) = self._read([key])
         return tensor
+
+    def router(self, layer: int, *, device: torch.device | None = None) -> Router:
+        """``layer``'s whole router: its weight, its logit bias (gpt-oss) and its score correction bias
+        (DeepSeek-V3's ``e_score_correction_bias``) where the checkpoint holds them, in float32 where the
+        architecture computes its router so (DeepSeek-V3); on ``device`` (default: the CPU). Route with
+        :func:`~moe_core.routing.route`: the bias that chooses DeepSeek-V3's experts comes with it."""
+        prefix = f"{self.block_prefix(layer)}.{self.names.router}"
+        weight = self.router_weight(layer)
+        extra = {name: f"{prefix}.{name}" for name in ("bias", "e_score_correction_bias")}
+        present = {name: key for name, key in extra.items() if key in self.weight_map}
+        tensors = dict(self._read(list(present.values())))
+        bias, correction = (tensors.get(extra[name]) for name in ("bias", "e_score_correction_bias"))
+        if self.names.float32_router:
+            weight = weight.float()
+            bias = None if bias is None else bias.float()
+        on = torch.device("cpu") if device is None else device
+        return Router(
+            weight=weight.to(on),
+            bias=None if bias is None else bias.to(on),
+            score_correction_bias=None if correction is None else correction.float().to(on),
+        )
 
     def expert_keys(self, layer: int) -> list[tuple[str, int, ExpertShard, str]]:
         """``(tensor name, expert id, shard, name after the projection)`` of every expert tensor of ``layer``."""

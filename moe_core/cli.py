@@ -353,7 +353,7 @@ def _check_checkpoint(args: argparse.Namespace, plugin_errors: dict[str, str]) -
     from moe_core.dispatch import StandardDispatchOutput
     from moe_core.formats import DenseMoeWeights, Nvfp4MoeWeights
     from moe_core.registry import registered_backends
-    from moe_core.routing import select_experts
+    from moe_core.routing import route
 
     checkpoint = MoeCheckpoint(args.checkpoint)
     layers = checkpoint.moe_layers()
@@ -369,8 +369,7 @@ def _check_checkpoint(args: argparse.Namespace, plugin_errors: dict[str, str]) -
     config = scheme.config
     gen = torch.Generator().manual_seed(args.seed)
     x = torch.randn(args.tokens, config.hidden_size, generator=gen).to(_dtype(args.dtype)).to(args.device)
-    logits = x.float() @ checkpoint.router_weight(layer).to(args.device).float().T
-    dispatch = StandardDispatchOutput(x, select_experts(logits, config))
+    dispatch = StandardDispatchOutput(x, route(x, checkpoint.router(layer, device=torch.device(args.device)), config))
     dequantized: DenseMoeWeights | None = None
     if isinstance(weights, Nvfp4MoeWeights):
         dequantized = source = weights.dequantize()

@@ -54,6 +54,11 @@ class TopKOutput:
     num_experts: int = attrs.field(kw_only=True)
     """Experts of the whole layer (global ids), the bound every id is below."""
     check_values: bool = attrs.field(default=True, kw_only=True, repr=False)
+    from_router_logits: bool = attrs.field(default=False, kw_only=True)
+    """True where ``topk_ids`` and ``topk_weights`` are what :func:`~moe_core.select_experts` computed from
+    ``router_logits`` (it sets this): only then may a kernel that routes internally route from the logits instead.
+    A top-k built or edited elsewhere (capacity drops, expert-load-balancing remaps) keeps False, and every kernel
+    runs its ids and weights as given."""
 
     def __attrs_post_init__(self) -> None:
         require_int("num_experts", self.num_experts, minimum=1)
@@ -74,6 +79,10 @@ class TopKOutput:
         require_same_device(tensors)
         if self.top_k > self.num_experts:
             raise ValueError(f"topk_ids: expected at most num_experts={self.num_experts} columns, got {self.top_k}")
+        if not isinstance(self.from_router_logits, bool):
+            raise TypeError(f"from_router_logits: expected a bool, got {type(self.from_router_logits).__name__}")
+        if self.from_router_logits and self.router_logits is None:
+            raise ValueError("from_router_logits: a top-k computed from router logits carries them (router_logits=None)")
         if self.check_values:
             require_ids_in_range("topk_ids", self.topk_ids, self.num_experts, "num_experts")
             require_distinct_per_row("topk_ids", self.topk_ids)

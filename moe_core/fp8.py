@@ -21,6 +21,7 @@ import torch
 
 from moe_core._checks import (
     require_dtype,
+    require_finite,
     require_ndim,
     require_positive,
     require_same_device,
@@ -276,6 +277,7 @@ class _Fp8Stack:
         require_tensor(name, self.codes)
         require_dtype(name, self.codes, (torch.float8_e4m3fn,))
         require_ndim(name, self.codes, 3, "[num_experts, rows, cols]")
+        require_finite(name, self.codes)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -359,8 +361,12 @@ class Fp8GateUpWeights:
     up: Fp8ExpertWeights = attrs.field(kw_only=True)
 
     def __attrs_post_init__(self) -> None:
+        for name in ("gate", "up"):
+            if not isinstance(getattr(self, name), Fp8ExpertWeights):
+                raise TypeError(f"Fp8GateUpWeights.{name}: expected Fp8ExpertWeights, got {type(getattr(self, name)).__name__}")
         if self.gate.shape != self.up.shape:
             raise ValueError(f"Fp8GateUpWeights.up: expected shape {self.gate.shape} like gate, got {self.up.shape}")
+        require_same_device([("gate", self.gate.codes), ("up", self.up.codes)])
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -14,7 +14,15 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from moe_core._checks import FLOAT_DTYPES, require_dtype, require_ndim, require_same_device, require_shape, require_tensor
+from moe_core._checks import (
+    FLOAT_DTYPES,
+    require_dtype,
+    require_finite,
+    require_ndim,
+    require_same_device,
+    require_shape,
+    require_tensor,
+)
 from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.config import Activation, ExpertActivation, MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
@@ -55,6 +63,7 @@ class SharedExpert:
             tensors.append(("gate", self.gate))
         for name, tensor in tensors:
             require_dtype(f"SharedExpert.{name}", tensor, (self.w13.dtype,) if name != "w13" else FLOAT_DTYPES)
+            require_finite(f"SharedExpert.{name}", tensor)
         require_same_device(tensors)
 
     def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -110,7 +119,10 @@ class MoeLayer:
         """The output and the routing that produced it (for blocks that also return weights or logits)."""
         topk = route(hidden_states, self.router, self.config)
         # the layer's own routing: its values were checked as the top-k was built, and its weights are the method's
-        own = TopKOutput(topk.topk_ids, topk.topk_weights, topk.router_logits, num_experts=topk.num_experts, check_values=False)
+        own = TopKOutput(
+            topk.topk_ids, topk.topk_weights, topk.router_logits, num_experts=topk.num_experts, check_values=False,
+            from_router_logits=True,
+        )
         out = self.experts(StandardDispatchOutput(hidden_states, own))
         if self.shared_expert is not None:
             out = out + self.shared_expert(hidden_states)

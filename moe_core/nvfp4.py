@@ -261,6 +261,14 @@ class Nvfp4ExpertWeights:
                 ("global_scales", self.global_scales.value),
             ]
         )
+        values = self.global_scales.value
+        if values_readable(values) and values.numel() and float(values.min()) < 1:
+            raise ValueError(
+                f"Nvfp4ExpertWeights.global_scales: a weight's quantize-side global scale is 448 * 6 / amax, >= 1 "
+                f"for any weight amax up to 2688 (compressed-tensors checkpoints: 2e4-4e7), got {float(values.min()):.4g}: "
+                "a checkpoint's scale passed to from_amax, or a dequantize-side one (ModelOpt's weight_scale_2: "
+                "ExpertDequantizeGlobalScales.from_checkpoint, then convert)"
+            )
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -9,13 +9,22 @@ sigmoid, PhiMoE's sparsemixer.
 
 from __future__ import annotations
 
+import enum
 from typing import final
 
 import attrs
 import torch
 import torch.nn.functional as F
 
-from moe_core._checks import FLOAT_DTYPES, require_dtype, require_ndim, require_same_device, require_shape, require_tensor
+from moe_core._checks import (
+    FLOAT_DTYPES,
+    require_dtype,
+    require_finite,
+    require_ndim,
+    require_same_device,
+    require_shape,
+    require_tensor,
+)
 from moe_core.config import (
     GroupedTopK,
     GroupScore,
@@ -57,6 +66,8 @@ class Router:
                 require_dtype(f"Router.{name}", tensor, FLOAT_DTYPES)
                 require_shape(f"Router.{name}", tensor, (self.num_experts,), "[num_experts] like weight")
                 tensors.append((name, tensor))
+        for name, tensor in tensors:
+            require_finite(f"Router.{name}", tensor)
         require_same_device(tensors)
 
     @property
@@ -116,13 +127,26 @@ def _sparsemixer(logits: torch.Tensor, method: SparseMixer) -> tuple[torch.Tenso
     return torch.cat((first_weight, second_weight), dim=-1), torch.cat((first, second), dim=-1)
 
 
+class Unset(enum.Enum):
+    """The default of an argument that must be given explicitly where it matters."""
+
+    UNSET = "unset"
+
+
 def select_experts(
-    router_logits: torch.Tensor, config: MoeRunnerConfig, *, score_correction_bias: torch.Tensor | None = None
+    router_logits: torch.Tensor,
+    config: MoeRunnerConfig,
+    *,
+    score_correction_bias: torch.Tensor | None | Unset = Unset.UNSET,
 ) -> TopKOutput:
     """The top-k ids and weights of ``router_logits [T, num_experts]`` under the config's routing method.
 
     ``score_correction_bias`` (``[num_experts]``) is taken by
-    :class:`~moe_core.config.GroupedTopK` only. The weights exclude the
+    :class:`~moe_core.config.GroupedTopK` only, and there it must be given,
+    ``None`` for a router without one: DeepSeek-V3's routing without its
+    ``e_score_correction_bias`` picks other experts for a quarter of the
+    tokens, so leaving it out is an error, not a default
+    (:func:`route` passes the router's own). The weights exclude the
     config's ``routed_scaling_factor``, which runners apply to the output;
     under :class:`~moe_core.config.Llama4Sigmoid` they scale each expert's
     input (the config says so, and runners that cannot do that refuse it).
@@ -135,11 +159,20 @@ def select_experts(
             f"router_logits: expected {config.num_experts} columns (num_experts), got {router_logits.shape[1]}"
         )
     method = config.routing_method
+    if isinstance(score_correction_bias, Unset):
+        if isinstance(method, GroupedTopK):
+            raise ValueError(
+                f"score_correction_bias: {method.value} routing chooses with the router's correction bias "
+                "(DeepSeek-V3's e_score_correction_bias): pass it, or None for a router without one "
+                "(route(hidden_states, router, config) passes the router's own)"
+            )
+        score_correction_bias = None
     if score_correction_bias is not None:
         if not isinstance(method, GroupedTopK):
             raise ValueError(f"score_correction_bias: only GroupedTopK routing takes one, not {method.value}")
         require_tensor("score_correction_bias", score_correction_bias)
         require_shape("score_correction_bias", score_correction_bias, (config.num_experts,), "[num_experts]")
+        require_finite("score_correction_bias", score_correction_bias)
     logits = router_logits.float()
     if method is RoutingMethod.SOFTMAX_TOPK:
         weights, ids = torch.softmax(logits, dim=-1).topk(config.top_k, dim=-1)
@@ -157,13 +190,13 @@ def select_experts(
         weights = top_logits.sigmoid()
     else:
         weights, ids = _sparsemixer(logits, method)
-    return TopKOutput(ids.to(torch.int32), weights, router_logits, num_experts=config.num_experts)
+    return TopKOutput(ids.to(torch.int32), weights, router_logits, num_experts=config.num_experts, from_router_logits=True)
 
 
 def check_router(router: Router, config: MoeRunnerConfig) -> None:
     """Raise ``ValueError`` unless ``router`` routes ``config``'s layer: its expert count, and a logit bias only
     where no correction bias belongs (a DeepSeek-V3 ``e_score_correction_bias`` passed as ``bias`` would move every
-    weight, not only the choice)."""
+    weight, not only the choice): never under grouped or sigmoid top-k."""
     if router.num_experts != config.num_experts:
         raise ValueError(f"router: expected {config.num_experts} experts like the config, got {router.num_experts}")
     if router.bias is not None and isinstance(config.routing_method, GroupedTopK):
@@ -171,6 +204,12 @@ def check_router(router: Router, config: MoeRunnerConfig) -> None:
             f"Router.bias: {config.routing_method.value} routing chooses on scores plus a correction bias, which goes in "
             "Router(score_correction_bias=...) (DeepSeek-V3's e_score_correction_bias); a logit bias under it is "
             "no model moe-core computes"
+        )
+    if router.bias is not None and isinstance(config.routing_method, SigmoidTopK):
+        raise ValueError(
+            f"Router.bias: no model moe-core computes routes {config.routing_method.value} on biased logits; sigmoid "
+            "scores chosen with a correction bias (MiniMax-M2, AFMoE, LFM2) are GroupedTopK(n_group=1, topk_group=1, "
+            "renormalize=...) with Router(score_correction_bias=...)"
         )
 
 

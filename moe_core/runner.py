@@ -139,6 +139,20 @@ ROUTED_WEIGHTS_SLACK = 1e-2
 (k = 8: at most about 8 x 2^-9)."""
 
 
+RENORMALIZED_EVIDENCE = 4
+"""Tokens whose weights all sum to 1 before a batch counts as renormalized under a method that does not
+renormalize (a softmax top-k of k < E experts, or k sigmoid scores, sums to 1 within float32 rounding on a token by
+coincidence, not on four)."""
+
+
+def _renormalized(sums: torch.Tensor, top_k: int, num_experts: int) -> bool:
+    """Whether every token's weights sum to 1 within float32 rounding of a renormalization, over enough tokens to
+    tell (:data:`RENORMALIZED_EVIDENCE`), with fewer slots than experts."""
+    if sums.numel() < RENORMALIZED_EVIDENCE or top_k >= num_experts:
+        return False
+    return float((sums - 1).abs().max()) <= 4 * top_k * torch.finfo(torch.float32).eps
+
+
 def _require_routed_weights(weights: torch.Tensor, config: MoeRunnerConfig) -> None:
     """Raise ``ValueError`` naming the routing method unless every token's weights satisfy its bound."""
     if not values_readable(weights) or not weights.numel():
@@ -156,6 +170,12 @@ def _require_routed_weights(weights: torch.Tensor, config: MoeRunnerConfig) -> N
     else:
         bad = float(weights.max()) > 1 + ROUTED_WEIGHTS_SLACK
         found = f"a weight of {float(weights.max()):.4g}"
+    if not bad and bound is not RoutedWeights.SUM_TO_ONE and _renormalized(sums, weights.shape[1], config.num_experts):
+        raise ValueError(
+            f"topk_weights: {method.value} routing does not renormalize its weights, yet every one of the "
+            f"{int(sums.numel())} tokens' weights sums to 1 (renormalized weights, or another routing method's; build "
+            "the top-k with moe_core.select_experts, or check_values=False to skip the value checks)"
+        )
     if bad:
         scaling = (
             f"; routed_scaling_factor={config.routed_scaling_factor:g} is the runner's to apply, not the weights'"

@@ -78,7 +78,7 @@ def test_interleaved_gate_up_rows_are_reordered(gen: torch.Generator) -> None:
 
 def _dispatch(gen: torch.Generator, config: MoeRunnerConfig) -> StandardDispatchOutput:
     x = torch.randn(9, H, generator=gen)
-    return StandardDispatchOutput(x, select_experts(torch.randn(9, E, generator=gen), config))
+    return StandardDispatchOutput(x, select_experts(torch.randn(9, E, generator=gen), config, score_correction_bias=None))
 
 
 def test_reference_adds_both_biases(gen: torch.Generator) -> None:

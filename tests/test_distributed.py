@@ -252,7 +252,8 @@ def layer_output(
     dispatcher: TokenDispatcher[StandardDispatchOutput, HandleT], layer: RandomLayer, fmt: str, x: torch.Tensor, topk: TopKOutput
 ) -> torch.Tensor:
     """The layer in ``fmt`` through ``dispatcher``, every expert in this process (a world of one)."""
-    return ExpertParallelMoe(dispatcher, FORMATS[fmt](layer, dispatcher.runner_config(layer.config), whole))(x, topk)
+    forward = FORMATS[fmt](layer, dispatcher.runner_config(layer.config), whole)
+    return ExpertParallelMoe(dispatcher, forward, config=layer.config)(x, topk)
 
 
 def single_rank_output(layer: RandomLayer, fmt: str, x: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
@@ -579,7 +580,8 @@ class QuantizedRows(Generic[D]):
     def single_rank_output(self, layer: RandomLayer, x: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
         """The world-of-one layer that quantizes each token here (:class:`QuantizedLocalDispatcher`), every expert."""
         dispatcher = QuantizedLocalDispatcher(self.quantizer(layer))
-        return ExpertParallelMoe(dispatcher, self.forward(layer, dispatcher.runner_config(layer.config), whole))(x, topk)
+        forward = self.forward(layer, dispatcher.runner_config(layer.config), whole)
+        return ExpertParallelMoe(dispatcher, forward, config=layer.config)(x, topk)
 
 
 def _fp8_quantizer(layer: RandomLayer) -> Fp8TokenQuantizer:
@@ -599,7 +601,9 @@ NVFP4_ROWS = QuantizedRows("nvfp4-rows", _nvfp4_quantizer, nvfp4_rows_forward, n
 def check_equals_the_standard_layer(rows: QuantizedRows[D], scenario: Scenario) -> None:
     layer = RandomLayer.make(scenario.top_k, fresh_seed())
     x, topk = scenario.batch(1, seed=7)
-    standard = ExpertParallelMoe(LocalDispatcher(), rows.standard(layer, LocalDispatcher().runner_config(layer.config), whole))
+    standard = ExpertParallelMoe(
+        LocalDispatcher(), rows.standard(layer, LocalDispatcher().runner_config(layer.config), whole), config=layer.config
+    )
     assert same_bits(rows.single_rank_output(layer, x, topk), standard(x, topk))
 
 
@@ -781,7 +785,8 @@ def check_quantized_dispatchers_on_a_world_of_one(rows: QuantizedRows[D], group:
     expected, quantizer = rows.single_rank_output(layer, x, topk), rows.quantizer(layer)
 
     def output(dispatcher: TokenDispatcher[D, HandleT]) -> torch.Tensor:
-        return ExpertParallelMoe(dispatcher, rows.forward(layer, dispatcher.runner_config(layer.config), whole))(x, topk)
+        forward = rows.forward(layer, dispatcher.runner_config(layer.config), whole)
+        return ExpertParallelMoe(dispatcher, forward, config=layer.config)(x, topk)
 
     assert same_bits(output(QuantizedAllToAllDispatcher(group, placement, quantizer)), expected)
     assert same_bits(output(QuantizedAllGatherDispatcher(group, placement, quantizer)), expected)

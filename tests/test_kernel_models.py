@@ -333,6 +333,20 @@ class TestTrtllmFp4:
         assert kernels.logits_moe.calls[0].arguments["routing_method_type"] == expected_method[routing].value
         assert trtllm_error(out, config, weights, dispatch) < ROUTING_TOLERANCE
 
+    def test_a_top_k_edited_after_routing_runs_as_given(self, gen: torch.Generator) -> None:
+        """A top-k that carries router logits but is not select_experts' own of them (an engine's remap, a capacity
+        drop): the kernel runs its ids and weights, never routing again from the logits."""
+        config, _, weights, routed = layer((37, 8, 2, 256, 128, 8, 0), gen)
+        other = select_experts(torch.randn(37, 8, generator=gen), config)
+        assert not torch.equal(other.topk_ids, routed.topk.topk_ids)
+        edited = TopKOutput(routed.topk.topk_ids, routed.topk.topk_weights, other.router_logits, num_experts=8)
+        dispatch = StandardDispatchOutput(routed.hidden_states, edited)
+        kernels = trtllm_model_kernels()
+        out = TrtllmFp4Runner(config, kernels=kernels).run(dispatch, TrtllmFp4Weights.from_nvfp4(weights))
+        assert isinstance(kernels.routed_moe, Recorder) and len(kernels.routed_moe.calls) == 1
+        assert isinstance(kernels.logits_moe, Recorder) and not kernels.logits_moe.calls
+        assert trtllm_error(out, config, weights, dispatch) < TOLERANCE
+
     @pytest.mark.parametrize("top_k", range(1, 9))
     def test_every_top_k(self, top_k: int, gen: torch.Generator) -> None:
         config, _, weights, dispatch = layer((13, 8, top_k, 128, 128, 8, 0), gen)
@@ -486,6 +500,20 @@ class TestCutlass:
         assert cutlass_error(out, config, equal, dispatch) < TOLERANCE
         with pytest.raises(ValueError, match="gate and up global scales differ"):
             CutlassNvfp4Weights.from_nvfp4(weights, gate_up=GateUpScalePolicy.REQUIRE_EQUAL)
+
+    def test_a_top_k_edited_after_routing_runs_as_given(self, gen: torch.Generator) -> None:
+        """A top-k that carries router logits but is not select_experts' own of them (an engine's remap, a capacity
+        drop): the kernel runs its ids and weights, never routing again from the logits."""
+        config, _, weights, routed = layer((37, 8, 2, 256, 128, 8, 0), gen)
+        other = select_experts(torch.randn(37, 8, generator=gen), config)
+        assert not torch.equal(other.topk_ids, routed.topk.topk_ids)
+        edited = TopKOutput(routed.topk.topk_ids, routed.topk.topk_weights, other.router_logits, num_experts=8)
+        dispatch = StandardDispatchOutput(routed.hidden_states, edited)
+        kernels = trtllm_model_kernels()
+        out = TrtllmFp4Runner(config, kernels=kernels).run(dispatch, TrtllmFp4Weights.from_nvfp4(weights))
+        assert isinstance(kernels.routed_moe, Recorder) and len(kernels.routed_moe.calls) == 1
+        assert isinstance(kernels.logits_moe, Recorder) and not kernels.logits_moe.calls
+        assert trtllm_error(out, config, weights, dispatch) < TOLERANCE
 
     @pytest.mark.parametrize("top_k", range(1, 9))
     def test_every_top_k(self, top_k: int, gen: torch.Generator) -> None:

@@ -152,7 +152,7 @@ def test_the_block_and_the_model_match_transformers(gen: torch.Generator) -> Non
         expected_block = model.model.layers[0].mlp(x)[0]
         expected = model(ids).logits
         for index in checkpoint.moe_layers():
-            model.model.layers[index].mlp = MoeCoreBlock(_layer(checkpoint, index), BlockReturn.WITH_TOPK_WEIGHTS, "gpt_oss").eval()
+            model.model.layers[index].mlp = MoeCoreBlock(_layer(checkpoint, index), BlockReturn.WITH_TOPK_WEIGHTS, "gpt_oss", torch.float32).eval()
         block = model.model.layers[0].mlp(x)[0]
         logits = model(ids).logits
     assert float((block - expected_block).norm() / expected_block.norm()) < TOLERANCE

@@ -74,7 +74,7 @@ class _WeightBlindRunner:
 def test_every_method_gives_weights_its_bound_accepts(gen: torch.Generator, routing: Routing, top_k: int) -> None:
     """select_experts' own top-k passes for every method, with a scaling factor that the weights exclude."""
     config, weights, x = _layer(gen, routing, top_k, 2.5)
-    topk = select_experts(torch.randn(T, E, generator=gen) * 3, config)
+    topk = select_experts(torch.randn(T, E, generator=gen) * 3, config, score_correction_bias=None)
     out = REFERENCE_DENSE.bind(config, weights)(StandardDispatchOutput(x, topk))
     assert out.shape == x.shape and bool(out.isfinite().all())
 
@@ -84,7 +84,7 @@ def test_weights_already_scaled_by_the_routed_scaling_factor_are_refused(
     gen: torch.Generator, routing: Routing, top_k: int
 ) -> None:
     config, weights, x = _layer(gen, routing, top_k, 2.5)
-    topk = select_experts(torch.randn(T, E, generator=gen) * 3, config)
+    topk = select_experts(torch.randn(T, E, generator=gen) * 3, config, score_correction_bias=None)
     if routing.routed_weights is RoutedWeights.EACH_AT_MOST_ONE:  # a weight near 1 shows it; small ones cannot
         topk = TopKOutput(topk.topk_ids, topk.topk_weights.clamp(min=0.5), num_experts=E)
     scaled = TopKOutput(topk.topk_ids, topk.topk_weights * 2.5, num_experts=E)

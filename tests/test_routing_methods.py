@@ -133,7 +133,7 @@ def test_grouped_topk_keeps_only_experts_of_the_best_groups(gen: torch.Generator
     logits = torch.full((1, E), -5.0)
     logits[0, 0] = 5.0  # group 0 holds the best expert, group 3 the next two
     logits[0, 6:] = 4.0
-    topk = select_experts(logits, _config(GroupedTopK(n_group=4, topk_group=2, renormalize=False)))
+    topk = select_experts(logits, _config(GroupedTopK(n_group=4, topk_group=2, renormalize=False)), score_correction_bias=None)
     assert set(topk.topk_ids[0].tolist()) == {0, 6, 7}
 
 

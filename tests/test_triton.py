@@ -55,6 +55,7 @@ from moe_core import (
     Fp8ChannelMoeWeights,
     Fp8BlockScales,
     Fp8ChannelScales,
+    Llama4Sigmoid,
     MoeForward,
     MoeRunnerConfig,
     StandardDispatchOutput,
@@ -392,6 +393,36 @@ def test_odd_routings(gen: torch.Generator, routing: str) -> None:
         assert torch.count_nonzero(out) == 0  # nothing routed to this rank's experts contributes
     else:
         assert relative_error(out, expected) < TOLERANCE[DTYPES[0]]
+
+
+def test_top_k_ids_that_are_a_column_view_combine_as_contiguous_ones(gen: torch.Generator) -> None:
+    """Expert parallelism with ``topk_ids`` a column slice of a wider tensor (an engine that appends a fused shared
+    expert's id): the combine reads each token's ids as the sort did (once garbage: uninitialized rows summed)."""
+    config, weights, dispatch = make_layer(gen, (19, 8, 2, 64, 32, 4, 4), DTYPES[0])
+    topk = dispatch.topk
+    wide = torch.cat((topk.topk_ids, torch.full((19, 1), 7, dtype=torch.int32, device=DEVICE)), dim=1)
+    sliced = TopKOutput(wide[:, :2], topk.topk_weights, topk.router_logits, num_experts=8)
+    assert not sliced.topk_ids.is_contiguous()
+    kernel_weights = TritonDenseWeights.from_dense(weights)
+    runner = create_runner(TRITON_DENSE, config)
+    out = runner.run(StandardDispatchOutput(dispatch.hidden_states, sliced), kernel_weights)
+    assert torch.equal(out, runner.run(dispatch, kernel_weights))
+    expected = create_runner(REFERENCE_DENSE, config).run(dispatch, DenseMoeWeights(w13=kernel_weights.w13, w2=kernel_weights.w2))
+    assert relative_error(out, expected) < TOLERANCE[DTYPES[0]]
+
+
+def test_a_runner_taken_by_key_refuses_input_side_weights() -> None:
+    """``create_runner``/``key.bind`` never ask ``supports``: the runner itself refuses Llama 4's routing, whose
+    weights scale the experts' inputs (the kernels weight outputs: 0.57 off, silently, before)."""
+    config = MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=64, top_k=1,
+                             routing_method=Llama4Sigmoid())
+    refusal = r"weight each expert's output, not its input \(llama4_sigmoid routing\)"
+    for make in (
+        lambda: create_runner(TRITON_DENSE, config), lambda: create_runner(TRITON_FP8, config),
+        lambda: create_runner(TRITON_FP8_BLOCK, config), lambda: create_runner(TRITON_NVFP4_W4A16, config),
+    ):
+        with pytest.raises(ValueError, match=refusal):
+            make()
 
 
 @pytest.mark.parametrize(("tokens", "top_k", "experts", "local", "offset", "block_m"), [

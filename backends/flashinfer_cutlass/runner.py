@@ -14,7 +14,8 @@ from typing import Generic, Protocol, TypeVar, final
 import attrs
 import torch
 
-from moe_core import Activation, DispatchFormat, DispatchOutput, MoeRunnerConfig, QuantInfo, check_run_inputs
+from moe_core import DispatchFormat, DispatchOutput, MoeRunnerConfig, QuantInfo, check_run_inputs
+from moe_core.backends._flashinfer import require_swiglu
 from moe_core.backends.flashinfer_cutlass.kernel import CutlassKernels
 
 OUTPUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -58,8 +59,7 @@ class CutlassRunner(Generic[Q]):
     ep_rank: int = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.config.activation is not Activation.SILU_GATED:
-            raise ValueError(f"CUTLASS fused MoE: this backend runs SwiGLU only, not {self.config.activation.value}")
+        require_swiglu("CUTLASS fused MoE", self.config)
         ep_size, ep_rank = expert_parallel_rank(self.config)
         object.__setattr__(self, "ep_size", ep_size)
         object.__setattr__(self, "ep_rank", ep_rank)

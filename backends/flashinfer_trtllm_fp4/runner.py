@@ -26,9 +26,9 @@ from typing import final
 import attrs
 import torch
 
-from moe_core import Activation, DispatchFormat, DispatchOutput, MoeRunnerConfig, RoutingMethod, check_run_inputs
+from moe_core import DispatchFormat, DispatchOutput, MoeRunnerConfig, RoutingMethod, check_run_inputs
 from moe_core.backends.flashinfer_trtllm_fp4.kernel import TrtllmFp4Kernels
-from moe_core.backends._flashinfer import require_row_alignment
+from moe_core.backends._flashinfer import require_row_alignment, require_swiglu
 from moe_core.backends.flashinfer_trtllm_fp4.quant_info import TrtllmFp4Weights
 
 KERNEL_ROUTING = {
@@ -42,8 +42,7 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _check_config(config: MoeRunnerConfig) -> None:
-    if config.activation is not Activation.SILU_GATED:
-        raise ValueError(f"TRT-LLM-gen FP4 MoE: this backend runs SwiGLU only, not {config.activation.value}")
+    require_swiglu("TRT-LLM-gen FP4 MoE", config)
     require_row_alignment(
         "TRT-LLM-gen FP4 MoE",
         hidden_size=config.hidden_size,
@@ -104,7 +103,7 @@ class TrtllmFp4Runner:
         method = config.routing_method
         kernel_method = KERNEL_ROUTING.get(method) if isinstance(method, RoutingMethod) else None
         routing = kernels.routing_methods[kernel_method or "Default"]
-        if topk.router_logits is not None and kernel_method is not None:
+        if topk.router_logits is not None and topk.from_router_logits and kernel_method is not None:
             kernels.logits_moe(
                 topk.router_logits,
                 *head,

@@ -331,7 +331,7 @@ def fused_moe(
     128-column group.
     """
     hidden = dispatch.hidden_states
-    ids, weights = dispatch.topk.topk_ids, dispatch.topk.topk_weights.contiguous()
+    ids, weights = dispatch.topk.topk_ids.contiguous(), dispatch.topk.topk_weights.contiguous()  # the kernels index both flat
     tokens, top_k = ids.shape
     sorted_tokens = sort_tokens(ids, config.num_local_experts, config.local_expert_offset, w13.config.block_m)
     epilogue = Epilogue.of(config)

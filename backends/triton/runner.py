@@ -30,6 +30,15 @@ class TritonRunner(Generic[Q]):
     config: MoeRunnerConfig
     plan: TritonPlan[Q]
 
+    def __attrs_post_init__(self) -> None:
+        """Refuse what no plan computes, for runners made by key (``create_runner``, ``key.bind``), which selection's
+        ``supports`` never saw."""
+        if self.config.routing_method.scales_input:
+            raise ValueError(
+                f"Triton fused MoE: its kernels weight each expert's output, not its input "
+                f"({self.config.routing_method.value} routing)"
+            )
+
     def run(self, dispatch: DispatchOutput, quant_info: Q, /) -> torch.Tensor:
         """The ``[T, H]`` MoE output in the activations' dtype."""
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))

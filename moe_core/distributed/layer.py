@@ -8,8 +8,10 @@ from typing import Generic, final
 import attrs
 import torch
 
-from moe_core.dispatch import TopKOutput
+from moe_core.config import MoeRunnerConfig
+from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 from moe_core.distributed.protocol import FormatT, HandleT, TokenDispatcher
+from moe_core.runner import check_run_values
 
 
 @final
@@ -21,14 +23,31 @@ class ExpertParallelMoe(Generic[FormatT, HandleT]):
     bound runner, e.g. ``lambda d: runner.run(d, local_weights)`` with
     ``runner = create_runner(key, dispatcher.runner_config(config))``); its
     parameter type must take the dispatcher's format, so mypy refuses a
-    forward written for another one. Build a layer per rank once; calls hold
-    no state between them.
+    forward written for another one. ``config`` is the whole layer's (every
+    expert, the routing method): a top-k built with ``check_values`` is
+    checked against it before the tokens leave (ids, and the weights the
+    routing method gives), as a single-rank layer's bound forward does; the
+    slot rows a dispatcher delivers cannot say what their token's weights
+    summed to. Build a layer per rank once; calls hold no state between them.
     """
 
     dispatcher: TokenDispatcher[FormatT, HandleT]
     forward: Callable[[FormatT], torch.Tensor]
+    config: MoeRunnerConfig = attrs.field(kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.config, MoeRunnerConfig):
+            raise TypeError(f"ExpertParallelMoe.config: expected a MoeRunnerConfig, got {type(self.config).__name__}")
+        if self.config.num_local_experts != self.config.num_experts:
+            raise ValueError(
+                "ExpertParallelMoe.config: expected the whole layer's config (every expert local; the dispatcher "
+                f"gives each rank its own), got experts [{self.config.local_expert_offset}, "
+                f"{self.config.local_expert_offset + self.config.num_local_experts}) of {self.config.num_experts}"
+            )
 
     def __call__(self, hidden_states: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
         """This rank's ``[T, H]`` output for its tokens ``hidden_states [T, H]`` routed by ``topk``."""
+        if topk.check_values:
+            check_run_values(self.config, StandardDispatchOutput(hidden_states, topk))
         dispatched = self.dispatcher.dispatch(hidden_states, topk)
         return self.dispatcher.combine(self.forward(dispatched.dispatch), dispatched.handle)

@@ -37,6 +37,6 @@ def load_expert_parallel(
         raise TypeError(f"checkpoint: expected a MoeCheckpoint, got {type(checkpoint).__name__}")
     if not isinstance(device, torch.device):
         raise TypeError(f"device: expected a torch.device, got {device!r}")
-    config = dispatcher.runner_config(checkpoint.runner_config())
-    scheme = checkpoint.load_layer(layer, device=device, config=config, backend=backend, strict=strict)
-    return ExpertParallelMoe(dispatcher, scheme.apply)
+    whole = checkpoint.runner_config()
+    scheme = checkpoint.load_layer(layer, device=device, config=dispatcher.runner_config(whole), backend=backend, strict=strict)
+    return ExpertParallelMoe(dispatcher, scheme.apply, config=whole)

@@ -66,21 +66,45 @@ class BlockReturn(enum.Enum):
     """``(output, top-k weights / k [T, K])`` (OpenAI privacy filter, whose block multiplies its output by k)."""
 
 
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def _eager(function: F) -> F:
+    """``function`` run eagerly under ``torch.compile``: the compiled graph breaks around it (dynamo cannot trace
+    moe-core's attrs-validated values, and the layer launches its own kernels)."""
+    disabled: F = torch.compiler.disable(function)  # type: ignore[no-untyped-call]  # torch leaves disable untyped
+    return disabled
+
+
 class MoeCoreBlock(nn.Module):
     """A moe-core layer where a transformers sparse MoE block stood: ``[..., H]`` in, ``[..., H]`` out."""
 
-    def __init__(self, layer: MoeLayer, returns: BlockReturn, family: str, post_norm: nn.Module | None = None) -> None:
+    def __init__(
+        self, layer: MoeLayer, returns: BlockReturn, family: str, dtype: torch.dtype, post_norm: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.layer = layer
         self.returns = returns
         self.family = family
+        self.dtype = dtype
+        """The model's dtype when it was swapped: the router and experts were converted for it, not as parameters,
+        so ``model.float()`` after the swap does not reach them."""
         self.post_norm = post_norm
         """The block's own norm of its output, kept as transformers' module (A.X-K1's ``post_mlp_layernorm``)."""
 
+    @_eager
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """The layer's output, shaped like ``hidden_states``, with what the family's block returned beside it."""
+        """The layer's output, shaped like ``hidden_states``, with what the family's block returned beside it.
+
+        Under ``torch.compile`` the model's graph breaks around this block, which runs eagerly."""
         if self.training:
             raise RuntimeError(f"{self.family} block swapped for moe-core: inference only, call model.eval() first")
+        if hidden_states.dtype != self.dtype:
+            raise TypeError(
+                f"{self.family} block swapped for moe-core in {self.dtype}: got {hidden_states.dtype} hidden states "
+                "(its router and experts were converted once, for the model's dtype at the swap, and model.to() does "
+                "not reach them): change the model's dtype before swap_moe_blocks"
+            )
         out, topk = self.layer.forward(hidden_states.reshape(-1, hidden_states.shape[-1]))
         out = out.view(hidden_states.shape)
         if self.post_norm is not None:
@@ -862,7 +886,7 @@ def swap_moe_blocks(
             backend=backend,
             shared_expert=parts.shared_expert,
         )
-        replacement = MoeCoreBlock(layer, family.returns, family.name, parts.post_norm)
+        replacement = MoeCoreBlock(layer, family.returns, family.name, parts.weights.w13.dtype, parts.post_norm)
         replacement.train(block.training)
         built.append((path, replacement))
     for path, replacement in built:

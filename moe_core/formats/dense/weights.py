@@ -42,7 +42,7 @@ class GateUpLayout(enum.Enum):
 @final
 @attrs.frozen(eq=False, kw_only=True)
 class ExpertBiases:
-    """Per-expert biases added after each GEMM (gpt-oss), in the weights' dtype."""
+    """Per-expert biases added after each GEMM (gpt-oss), in the weights' dtype, finite (checked where values exist)."""
 
     w13: torch.Tensor
     """``[E, rows of w13]``: gate then up, like ``w13``."""
@@ -54,6 +54,7 @@ class ExpertBiases:
             require_tensor(name, tensor)
             require_dtype(name, tensor, FLOAT_DTYPES)
             require_ndim(name, tensor, 2, "[num_experts, out_features]")
+            require_finite(name, tensor)
 
 
 @final
@@ -91,7 +92,6 @@ class DenseMoeWeights(TensorExperts):
                 label = f"DenseMoeWeights.biases.{name}"
                 require_dtype(label, tensor, (self.w13.dtype,))
                 require_shape(label, tensor, shape, f"[num_experts, out_features of {name}]")
-                require_finite(label, tensor)
                 tensors.append((f"biases.{name}", tensor))
         require_same_device(tensors)
 

@@ -38,9 +38,10 @@ class Fp8MoeWeights(ExpertSizes):
             if not isinstance(scale, Fp8TensorScale):
                 raise TypeError(f"Fp8MoeWeights.{name}: expected Fp8TensorScale, got {type(scale).__name__}")
         check_expert_shapes("Fp8MoeWeights", self.w13.shape, self.w2.shape)
-        require_same_device(
-            [("w13", self.w13.gate.codes), ("w2", self.w2.codes), ("w13_input_scale", self.w13_input_scale.value)]
-        )
+        require_same_device([
+            ("w13.gate", self.w13.gate.codes), ("w13.up", self.w13.up.codes), ("w2", self.w2.codes),
+            ("w13_input_scale", self.w13_input_scale.value), ("w2_input_scale", self.w2_input_scale.value),
+        ])
 
     @property
     def device(self) -> torch.device:

@@ -17,4 +17,4 @@ def build_layer(group: dist.ProcessGroup, config: MoeRunnerConfig, weights: Dens
     def bf16_forward(dispatch: StandardDispatchOutput) -> torch.Tensor:
         return runner.run(dispatch, weights)
 
-    ExpertParallelMoe(dispatcher, bf16_forward)  # expect: [arg-type] Argument 2 to "ExpertParallelMoe" has incompatible type "Callable[[StandardDispatchOutput], Tensor]"; expected "Callable[[Fp8SlotRows], Tensor]"
+    ExpertParallelMoe(dispatcher, bf16_forward, config=config)  # expect: [arg-type] Argument 2 to "ExpertParallelMoe" has incompatible type "Callable[[StandardDispatchOutput], Tensor]"; expected "Callable[[Fp8SlotRows], Tensor]"

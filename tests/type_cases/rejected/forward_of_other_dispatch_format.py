@@ -3,6 +3,7 @@
 import attrs
 import torch
 
+from moe_core import MoeRunnerConfig
 from moe_core.distributed import ExpertParallelMoe, LocalDispatcher
 
 
@@ -18,5 +19,5 @@ def grouped_gemm_forward(dispatch: ExpertSortedRows) -> torch.Tensor:
     return dispatch.hidden_states
 
 
-def build_layer() -> None:
-    ExpertParallelMoe(LocalDispatcher(), grouped_gemm_forward)  # expect: [arg-type] Argument 2 to "ExpertParallelMoe" has incompatible type "Callable[[ExpertSortedRows], Tensor]"; expected "Callable[[StandardDispatchOutput], Tensor]"
+def build_layer(config: MoeRunnerConfig) -> None:
+    ExpertParallelMoe(LocalDispatcher(), grouped_gemm_forward, config=config)  # expect: [arg-type] Argument 2 to "ExpertParallelMoe" has incompatible type "Callable[[ExpertSortedRows], Tensor]"; expected "Callable[[StandardDispatchOutput], Tensor]"

@@ -1,0 +1,235 @@
+"""Misuses an adversarial pass found silent against the installed wheel (issue 17): each is now refused by name, or
+computed right.
+
+The pass wrote programs a downstream user could write (a scheme author, an engine engineer, a plugin author),
+type-checked them with ``mypy --strict`` and ran them; these were the ones that ran to a wrong answer (or to a
+raw error from deep inside torch). Each test builds the case as the program did and checks the named error, or
+the right answer against an independent computation.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+
+from moe_core import (
+    DenseMoeWeights,
+    ExpertQuantizeGlobalScales,
+    Fp8TensorScale,
+    GroupedTopK,
+    Llama4Sigmoid,
+    MoeRunnerConfig,
+    Nvfp4ExpertWeights,
+    RoutingMethod,
+    SigmoidTopK,
+    StandardDispatchOutput,
+    TopKOutput,
+    route,
+    select_experts,
+)
+from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights
+from moe_core.backends.flashinfer_cutlass.runner import CutlassRunner
+from moe_core.backends.flashinfer_trtllm_fp4.runner import TrtllmFp4Runner
+from moe_core.backends.reference import REFERENCE_DENSE
+from moe_core.checkpoint import MoeCheckpoint
+from moe_core.distributed import ExpertParallelMoe, LocalDispatcher, load_expert_parallel
+from moe_core.formats.dense import ExpertBiases
+from moe_core.formats.fp8 import Fp8MoeWeights
+from moe_core.fp8 import ExpertFp8Scales, Fp8ExpertWeights, Fp8GateUpWeights
+from moe_core.layer import SharedExpert, dense_layer
+from moe_core.routing import Router
+from tests.test_kernel_models import cutlass_model_kernels, trtllm_model_kernels
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+CPU = torch.device("cpu")
+E, H, I = 8, 32, 16
+
+
+def _config(routing: object = RoutingMethod.TOPK_RENORMALIZE, top_k: int = 2, **more: object) -> MoeRunnerConfig:
+    return MoeRunnerConfig(E, H, I, top_k, routing_method=routing, **more)  # type: ignore[arg-type]  # test values
+
+
+def _weights(gen: torch.Generator) -> DenseMoeWeights:
+    return DenseMoeWeights(w13=torch.randn(E, 2 * I, H, generator=gen) / 6, w2=torch.randn(E, H, I, generator=gen) / 4)
+
+
+@pytest.mark.parametrize(
+    ("routing", "top_k"),
+    [(RoutingMethod.SOFTMAX_TOPK, 2), (SigmoidTopK(renormalize=False), 3), (Llama4Sigmoid(), 1),
+     (GroupedTopK(n_group=4, topk_group=2, renormalize=False), 2)],
+    ids=lambda value: getattr(value, "value", str(value)),
+)
+def test_renormalized_weights_under_a_method_that_does_not_renormalize_are_refused(
+    gen: torch.Generator, routing: object, top_k: int
+) -> None:
+    """Qwen2-MoE's softmax top-k (``norm_topk_prob=False``) handed renormalized weights ran 0.82 off; sigmoid top-k
+    0.33; Llama 4 top-1 given weights of 1 (the softmax over its one pick) 0.87. Every token summing to 1 tells."""
+    config = _config(routing, top_k)
+    own = select_experts(torch.randn(6, E, generator=gen) * 2, config, score_correction_bias=None)
+    layer = REFERENCE_DENSE.bind(config, _weights(gen))
+    x = torch.randn(6, H, generator=gen)
+    layer(StandardDispatchOutput(x, own))  # the method's own weights pass
+    renormalized = TopKOutput(own.topk_ids, own.topk_weights / own.topk_weights.sum(dim=1, keepdim=True), num_experts=E)
+    with pytest.raises(ValueError, match=r"does not renormalize its weights, yet every one of the 6 tokens' weights sums to 1"):
+        layer(StandardDispatchOutput(x, renormalized))
+
+
+def test_expert_parallel_layers_check_the_top_k_against_the_whole_layer(gen: torch.Generator) -> None:
+    """Slot rows cannot say what their token's weights summed to: a top-k the single-rank layer refuses ran through
+    the local and all-to-all dispatchers 0.69 off. The layer checks it against its whole config first."""
+    checkpoint = MoeCheckpoint(FIXTURES / "qwen3_moe_nvfp4")
+    config = checkpoint.runner_config()
+    assert config.routing_method is RoutingMethod.TOPK_RENORMALIZE
+    x = torch.randn(5, checkpoint.hidden_size, generator=gen).to(torch.bfloat16)
+    probabilities, ids = torch.softmax(torch.randn(5, config.num_experts, generator=gen), dim=-1).topk(config.top_k)
+    not_renormalized = TopKOutput(ids.to(torch.int32), probabilities, num_experts=config.num_experts)
+    layer = load_expert_parallel(checkpoint, 0, LocalDispatcher(), device=CPU)
+    with pytest.raises(ValueError, match="topk_renormalize routing gives weights where each token's weights sum to 1"):
+        layer(x, not_renormalized)
+    assert layer(x, route(x, checkpoint.router(0), config)).shape == x.shape
+    with pytest.raises(ValueError, match="expected the whole layer's config"):
+        ExpertParallelMoe(LocalDispatcher(), layer.forward, config=attrs.evolve(config, num_local_experts=4))
+
+
+def test_a_deepseek_config_without_its_scaling_factor_reads_transformers_default(tmp_path: Path) -> None:
+    """transformers reads an absent ``routed_scaling_factor`` as 2.5; the loader read 1.0 (0.60 off)."""
+    copy = tmp_path / "deepseek"
+    shutil.copytree(FIXTURES / "deepseek_v3_fp8", copy)
+    config = json.loads((copy / "config.json").read_text())
+    del config["routed_scaling_factor"]
+    (copy / "config.json").write_text(json.dumps(config))
+    assert MoeCheckpoint(copy).runner_config().routed_scaling_factor == 2.5
+
+
+def test_grouped_routing_needs_its_correction_bias_named(gen: torch.Generator) -> None:
+    """The quick start's routing on the DeepSeek-V3 checkpoint never read ``e_score_correction_bias`` (a quarter of
+    the tokens to other experts, 0.66 off): select_experts now wants it said, and the checkpoint's router has it."""
+    checkpoint = MoeCheckpoint(FIXTURES / "deepseek_v3_fp8")
+    config = checkpoint.runner_config()
+    router = checkpoint.router(1)
+    stored = dict(checkpoint._read(["model.layers.1.mlp.gate.e_score_correction_bias"]))
+    assert router.score_correction_bias is not None
+    assert torch.equal(router.score_correction_bias, next(iter(stored.values())).float())
+    assert router.weight.dtype == torch.float32  # DeepSeek-V3 routes in float32
+    x = torch.randn(64, checkpoint.hidden_size, generator=gen).to(torch.bfloat16)
+    logits = router.logits(x)
+    with pytest.raises(ValueError, match="score_correction_bias: grouped_topk routing chooses with the router's correction bias"):
+        select_experts(logits, config)
+    routed = route(x, router, config)
+    explicit = select_experts(logits, config, score_correction_bias=router.score_correction_bias)
+    assert torch.equal(routed.topk_ids, explicit.topk_ids)
+    unbiased = select_experts(logits, config, score_correction_bias=None)
+    assert not torch.equal(routed.topk_ids.sort(dim=1).values, unbiased.topk_ids.sort(dim=1).values)
+
+
+def test_non_finite_values_are_refused_where_dense_weights_refuse_them(gen: torch.Generator) -> None:
+    """FP8 codes holding E4M3's NaN bytes, infinite biases (MXFP4's too), a NaN shared expert or router weight."""
+    codes = Fp8ExpertWeights.quantize(torch.randn(4, 32, 64, generator=gen)).codes.clone()
+    for byte in (0x7F, 0xFF):
+        bad = codes.clone()
+        bad.view(torch.uint8)[2, 5, 7] = byte
+        with pytest.raises(ValueError, match="Fp8ExpertWeights.codes: expected finite values"):
+            Fp8ExpertWeights(bad, ExpertFp8Scales.from_amax(torch.ones(4)))
+    Fp8ExpertWeights(codes, ExpertFp8Scales.from_amax(torch.ones(4)))  # 0x7E, the largest finite code, passes
+    infinite = torch.zeros(E, H)
+    infinite[3, 1] = float("inf")
+    with pytest.raises(ValueError, match="ExpertBiases.w2: expected finite values"):
+        ExpertBiases(w13=torch.zeros(E, 2 * I), w2=infinite)
+    w13 = torch.randn(2 * I, H, generator=gen)
+    w13[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="SharedExpert.w13: expected finite values"):
+        SharedExpert(w13=w13, w2=torch.randn(H, I, generator=gen))
+    with pytest.raises(ValueError, match="Router.weight: expected finite values"):
+        Router(weight=torch.full((E, H), float("inf")))
+
+
+def test_fp8_halves_and_input_scales_on_another_device_are_refused(gen: torch.Generator) -> None:
+    """An up half or a second input scale left on another device ran to torch's own error at the first forward."""
+    gate = Fp8ExpertWeights.quantize(torch.randn(E, I, H, generator=gen))
+    up = Fp8ExpertWeights.quantize(torch.randn(E, I, H, generator=gen))
+    meta_up = Fp8ExpertWeights(up.codes.to("meta"), ExpertFp8Scales.from_amax(torch.ones(E, device="meta")))
+    with pytest.raises(ValueError, match="expected all tensors on one device, got gate on cpu, up on meta"):
+        Fp8GateUpWeights(gate=gate, up=meta_up)
+    w13 = Fp8GateUpWeights(gate=gate, up=up)
+    w2 = Fp8ExpertWeights.quantize(torch.randn(E, H, I, generator=gen))
+    scale = Fp8TensorScale.from_amax(4.0)
+    with pytest.raises(ValueError, match="w2_input_scale on meta"):
+        Fp8MoeWeights(w13=w13, w2=w2, w13_input_scale=scale, w2_input_scale=Fp8TensorScale.from_amax(4.0).to(torch.device("meta")))
+    Fp8MoeWeights(w13=w13, w2=w2, w13_input_scale=scale, w2_input_scale=scale)
+
+
+def test_a_logit_bias_under_sigmoid_routing_is_refused(gen: torch.Generator) -> None:
+    """A correction bias passed as the logit bias under sigmoid top-k moved every weight (0.87 off); moe-core's
+    spelling of sigmoid scores chosen with a correction bias is GroupedTopK with one group."""
+    config = _config(SigmoidTopK(renormalize=True))
+    router = Router(weight=torch.randn(E, H, generator=gen), bias=torch.randn(E, generator=gen))
+    with pytest.raises(ValueError, match=r"GroupedTopK\(n_group=1, topk_group=1"):
+        route(torch.randn(3, H, generator=gen), router, config)
+    with pytest.raises(ValueError, match=r"Router.bias: no model moe-core computes"):
+        dense_layer(config, router, _weights(gen), dtype=torch.float32)
+
+
+def test_a_checkpoint_scale_passed_to_from_amax_is_refused_by_the_weights(gen: torch.Generator) -> None:
+    """A compressed-tensors ``weight_global_scale`` (2e4-4e7) read as an amax made a quantize-side scale of 0.08
+    (an amax of 35,000), 4.2e6 off; a weight's quantize-side global scale is >= 1 for any weight amax up to 2688."""
+    w = torch.randn(E, 2 * I, H, generator=gen) / 8
+    stored = ExpertQuantizeGlobalScales.from_amax(w.abs().amax(dim=(1, 2)))
+    assert float(stored.value.min()) > 1e3
+    misread = ExpertQuantizeGlobalScales.from_amax(stored.value)
+    with pytest.raises(ValueError, match="Nvfp4ExpertWeights.global_scales: a weight's quantize-side global scale"):
+        Nvfp4ExpertWeights.quantize(w, misread)
+    assert torch.equal(Nvfp4ExpertWeights.quantize(w, stored).global_scales.value, stored.value)
+
+
+def test_a_swapped_block_refuses_another_dtype_than_it_was_built_for(gen: torch.Generator) -> None:
+    """``model.float()`` after the swap left the router and experts in bf16 (1.8e-2 off the float32 model)."""
+    transformers = pytest.importorskip("transformers")
+    from moe_core.integrations.transformers import swap_moe_blocks
+
+    config = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2)
+    model = transformers.MixtralForCausalLM(config).eval().to(torch.bfloat16)
+    swap_moe_blocks(model)
+    tokens = torch.randint(0, 64, (1, 5), generator=gen)
+    with torch.no_grad():
+        assert model(tokens).logits.dtype == torch.bfloat16
+        model.float()
+        with pytest.raises(TypeError, match=r"swapped for moe-core in torch.bfloat16: got torch.float32 hidden states"):
+            model(tokens)
+
+
+def test_a_swapped_model_compiles_with_the_moe_block_run_eagerly(gen: torch.Generator) -> None:
+    """``torch.compile`` of a swapped model failed inside dynamo on the top-k's attrs constructor; the compiled graph
+    now breaks around each swapped block (dynamo's ``eager`` backend: its tracing, without compiling kernels)."""
+    transformers = pytest.importorskip("transformers")
+    from moe_core.integrations.transformers import swap_moe_blocks
+
+    config = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2)
+    model = transformers.MixtralForCausalLM(config).eval()
+    tokens = torch.randint(0, 64, (1, 8), generator=gen)
+    with torch.no_grad():
+        expected = model(tokens).logits
+        swap_moe_blocks(model)
+        compiled = torch.compile(model, backend="eager")
+        got = compiled(tokens).logits  # type: ignore[no-untyped-call]  # torch.compile returns an untyped callable
+    assert float((got - expected).abs().max() / expected.abs().max()) < 1e-5
+
+
+def test_flashinfer_runners_taken_by_key_refuse_what_their_kernels_do_not_compute() -> None:
+    """``create_runner``/``key.bind`` never ask ``supports``: the runners refuse input-side weights (Llama 4) and
+    expert biases themselves, as they refused other activations."""
+    llama4 = MoeRunnerConfig(8, 128, 128, 1, routing_method=Llama4Sigmoid())
+    biased = MoeRunnerConfig(8, 128, 128, 2, expert_biases=True)
+    for config, reason in ((llama4, r"weight each expert's output, not its input"), (biased, "no per-expert biases")):
+        with pytest.raises(ValueError, match=f"TRT-LLM-gen FP4 MoE: .*{reason}"):
+            TrtllmFp4Runner(config, kernels=trtllm_model_kernels())
+        with pytest.raises(ValueError, match=f"CUTLASS fused MoE: .*{reason}"):
+            CutlassRunner[CutlassBf16Weights](config, kernels=cutlass_model_kernels())
