@@ -358,7 +358,7 @@ class FormatCheck(Generic[W]):
         verdict = "ok" if rel <= limit else f"FAILED: error above {limit:g}"
         rows = [CheckRow(name, self.oracle.name, self.independent_name, rel, worst, limit, timing, verdict)]
         if unquantized is not None:
-            rel, worst = errors(expected, float64_moe(config, dispatch, unquantized.w13, unquantized.w2))
+            rel, worst = errors(expected, float64_moe(config, dispatch, unquantized.w13, unquantized.w2, biases=unquantized.biases))
             rows.append(CheckRow(name, self.oracle.name, unquantized_name, rel, worst, None, None, "info"))
         for backend in run.backends:
             if backend.name == self.oracle.name or not backend.converts_from(self.format):
@@ -414,7 +414,7 @@ def _dense_weights(config: MoeRunnerConfig, source: DenseMoeWeights, dispatch: S
 
 
 def _dense_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: DenseMoeWeights) -> torch.Tensor:
-    return float64_moe(config, dispatch, weights.w13, weights.w2)
+    return float64_moe(config, dispatch, weights.w13, weights.w2, biases=weights.biases)
 
 
 def _nvfp4_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Nvfp4MoeWeights) -> torch.Tensor:
@@ -454,7 +454,7 @@ def _mxfp4_weights(config: MoeRunnerConfig, source: DenseMoeWeights, dispatch: S
 
 
 def _mxfp4_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Mxfp4MoeWeights) -> torch.Tensor:
-    return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize())
+    return float64_moe(config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(), biases=weights.biases)
 
 
 def _mxfp4_size_refusal(config: MoeRunnerConfig) -> str | None:

@@ -351,7 +351,8 @@ def _check_checkpoint(args: argparse.Namespace, plugin_errors: dict[str, str]) -
     from moe_core.check import FORMAT_CHECKS, CheckRun
     from moe_core.checkpoint import MoeCheckpoint
     from moe_core.dispatch import StandardDispatchOutput
-    from moe_core.formats import DenseMoeWeights, Nvfp4MoeWeights
+    from moe_core.formats import DenseMoeWeights
+    from moe_core.formats._experts import Dequantizes
     from moe_core.registry import registered_backends
     from moe_core.routing import route
 
@@ -371,10 +372,10 @@ def _check_checkpoint(args: argparse.Namespace, plugin_errors: dict[str, str]) -
     x = torch.randn(args.tokens, config.hidden_size, generator=gen).to(_dtype(args.dtype)).to(args.device)
     dispatch = StandardDispatchOutput(x, route(x, checkpoint.router(layer, device=torch.device(args.device)), config))
     dequantized: DenseMoeWeights | None = None
-    if isinstance(weights, Nvfp4MoeWeights):
-        dequantized = source = weights.dequantize()
-    elif isinstance(weights, DenseMoeWeights):
+    if isinstance(weights, DenseMoeWeights):
         source = weights
+    elif isinstance(weights, Dequantizes):
+        dequantized = source = weights.dequantize()
     else:
         print(f"moe-core check: cannot dequantize {type(weights).__name__}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -17,6 +17,7 @@ from moe_core.dispatch import DispatchOutput
 from moe_core.fp8 import Fp8TensorScale, fake_quantize_fp8, fake_quantize_fp8_per_group, fake_quantize_fp8_per_token
 from moe_core.global_scales import QuantizeGlobalScale
 from moe_core.formats import Fp8MoeWeights, Nvfp4PerExpertMoeWeights, Nvfp4MoeWeights
+from moe_core.formats.dense import ExpertBiases
 from moe_core.nvfp4 import quantize_activation
 
 RoundTrip = Callable[[int, torch.Tensor], torch.Tensor]
@@ -99,17 +100,21 @@ def float64_moe(
     w13: torch.Tensor,
     w2: torch.Tensor,
     round_trips: tuple[RoundTrip, RoundTrip] | None = None,
+    *,
+    biases: ExpertBiases | None = None,
 ) -> torch.Tensor:
     """The layer's ``[T, H]`` output in float64, on the CPU, for weights ``w13 [E, 2I, H]`` and ``w2 [E, H, I]``.
 
     The top-k weights scale each expert's output, or its input where the
-    routing method says so. With ``round_trips``, each GEMM input goes through its quantization round
+    routing method says so; ``biases`` are each expert's, added after its
+    GEMMs (gpt-oss), before the top-k weight. With ``round_trips``, each GEMM input goes through its quantization round
     trip first (:func:`nvfp4_round_trips`, :func:`nvfp4_expert_round_trips`, :func:`fp8_round_trips`,
     :func:`fp8_per_token_round_trips`, :func:`fp8_per_group_round_trips`).
     """
     hidden, topk = dispatch.hidden_states.cpu(), dispatch.topk
     ids, weights = topk.topk_ids.cpu(), topk.topk_weights.cpu()
     w13, w2 = w13.cpu(), w2.cpu()
+    b13, b2 = (None, None) if biases is None else (biases.w13.cpu().double(), biases.w2.cpu().double())
     inter = config.intermediate_size_per_partition
     input_weighted = config.routing_method.scales_input
     out = torch.zeros(hidden.shape, dtype=torch.float64)
@@ -122,8 +127,10 @@ def float64_moe(
             xt = hidden[t].double() * (weight if input_weighted else 1.0)
             if round_trips is not None:
                 xt = round_trips[0](local, xt)
-            act = _activation(config.activation, w13[local].double() @ xt, inter)
+            h = w13[local].double() @ xt
+            act = _activation(config.activation, h if b13 is None else h + b13[local], inter)
             if round_trips is not None:
                 act = round_trips[1](local, act)
-            out[t] += (1.0 if input_weighted else weight) * (w2[local].double() @ act)
+            down = w2[local].double() @ act
+            out[t] += (1.0 if input_weighted else weight) * (down if b2 is None else down + b2[local])
     return out * config.routed_scaling_factor

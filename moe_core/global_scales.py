@@ -483,7 +483,12 @@ class QuantizeGlobalScale(_ScalarScale):
     @classmethod
     def from_layer_checkpoint(cls, tensor: torch.Tensor) -> QuantizeGlobalScale:
         """The one quantize-side value a checkpoint stores for the whole layer (fused experts), shape ``()`` or
-        ``[1]``: no expert count to check (like :meth:`from_amax`); refuses a view into a per-expert tensor."""
+        ``[1]``: no expert count to check (like :meth:`from_amax`); refuses a view into a per-expert tensor.
+
+        Only for a value the checkpoint stores as the layer's: a number collapsed here from some experts' values
+        (a rank's own slice under expert parallelism, ``local.min()``) cannot say so, and quantizes the layer
+        otherwise than its other ranks (0.47 off on one rank's experts, measured); collapse per-expert values with
+        :meth:`from_checkpoint` and every expert's values, which checks their count."""
         value = _layer_value(cls.__name__, tensor)
         _require_convention(f"{cls.__name__}.from_layer_checkpoint", value, quantize_side=True)
         return cls._of(value)

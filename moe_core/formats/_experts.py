@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:  # the dense kit imports this module
+    from moe_core.formats.dense.weights import DenseMoeWeights
 
 
 def shape3(tensor: torch.Tensor) -> tuple[int, int, int]:
@@ -25,6 +28,15 @@ def check_expert_shapes(cls_name: str, w13: tuple[int, int, int], w2: tuple[int,
             f"{cls_name}.w2: expected shape {expected} [num_experts, hidden_size, intermediate_size] "
             f"to match w13 {w13}, got {w2}"
         )
+
+
+@runtime_checkable
+class Dequantizes(Protocol):
+    """Quantized canonical weights that give back the dense weights their codes stand for (every format but dense)."""
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> DenseMoeWeights:
+        """The dense weights (and biases) the codes stand for; activation scales are not used."""
+        ...
 
 
 class Stacked(Protocol):

@@ -9,6 +9,7 @@ import torch
 
 from moe_core._checks import require_same_device
 from moe_core.formats._experts import ExpertSizes, check_expert_shapes
+from moe_core.formats.dense.weights import DenseMoeWeights
 from moe_core.config import MoeRunnerConfig
 from moe_core.fp8 import Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
 from moe_core.global_scales import require_layer_experts
@@ -47,6 +48,10 @@ class Fp8MoeWeights(ExpertSizes):
     def device(self) -> torch.device:
         """Where the weights live."""
         return self.w2.codes.device
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> DenseMoeWeights:
+        """The dense weights the codes stand for (each half with its own scales); the input scales are not used."""
+        return DenseMoeWeights(w13=self.w13.dequantize(dtype), w2=self.w2.dequantize(dtype))
 
     def check_layer(self, config: MoeRunnerConfig) -> None:
         """Refuse input scales collapsed from another count of experts than the layer's."""
