@@ -30,8 +30,10 @@ if TYPE_CHECKING:
     from moe_core.config import RoutingMethod as RoutingMethod
     from moe_core.config import ClampedSwiglu as ClampedSwiglu
     from moe_core.config import ExpertActivation as ExpertActivation
+    from moe_core.config import GateClamp as GateClamp
     from moe_core.config import GroupedTopK as GroupedTopK
     from moe_core.config import GroupScore as GroupScore
+    from moe_core.config import LimitedSwiglu as LimitedSwiglu
     from moe_core.config import Llama4Sigmoid as Llama4Sigmoid
     from moe_core.config import RoutedWeights as RoutedWeights
     from moe_core.config import Routing as Routing
@@ -120,8 +122,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "Activation",
         "ClampedSwiglu",
         "ExpertActivation",
+        "GateClamp",
         "GroupScore",
         "GroupedTopK",
+        "LimitedSwiglu",
         "Llama4Sigmoid",
         "MoeRunnerConfig",
         "RoutedWeights",
@@ -245,10 +249,12 @@ __all__ = [
     "Fp8GateUpWeights",
     "Fp8MoeWeights",
     "Fp8TensorScale",
+    "GateClamp",
     "GateUpScalePolicy",
     "GroupScore",
     "GroupedTopK",
     "LayerSpec",
+    "LimitedSwiglu",
     "LinearBlockScales",
     "Llama4Sigmoid",
     "MXFP4",

@@ -79,6 +79,11 @@ def _nonnegative_finite(instance: object, attribute: attrs.Attribute[float], val
         raise ValueError(f"{type(instance).__name__}.{attribute.name}: expected a finite value >= 0, got {value}")
 
 
+def _positive_limit(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    """:func:`_positive_finite` for a required field (mypy infers its type from the validator)."""
+    _positive_finite(instance, attribute, value)
+
+
 def _bool(instance: object, attribute: attrs.Attribute[bool], value: object) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{type(instance).__name__}.{attribute.name}: expected a bool, got {type(value).__name__}")
@@ -121,10 +126,56 @@ class ClampedSwiglu:
         return (up + 1) * glu
 
 
-ExpertActivation: TypeAlias = Activation | ClampedSwiglu
+class GateClamp(enum.Enum):
+    """Where :class:`LimitedSwiglu` clamps the gate half from above: the models that clamp disagree."""
+
+    BEFORE_SILU = "before_silu"
+    """``silu(min(gate, limit))`` (DeepSeek-V4, GLM-5-Next, HY-V4)."""
+    AFTER_SILU = "after_silu"
+    """``min(silu(gate), limit)`` (Step 3.7)."""
+
+
+@final
+@attrs.frozen(kw_only=True)
+class LimitedSwiglu:
+    """Gated SiLU with limits: the gate half clamped from above at ``limit`` (before or after its SiLU, as
+    ``gate_clamp`` says), the up half to ``[-limit, limit]``; no alpha and no ``+ 1`` (gpt-oss's is
+    :class:`ClampedSwiglu`).
+
+    ``gate_clamp`` has no default: the two placements give different outputs
+    wherever the gate passes the limit, and each model family uses one.
+    """
+
+    limit: float = attrs.field(validator=_positive_limit)
+    gate_clamp: GateClamp
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.gate_clamp, GateClamp):
+            raise TypeError(f"LimitedSwiglu.gate_clamp: expected a GateClamp, got {self.gate_clamp!r}")
+
+    @property
+    def value(self) -> str:
+        """The name for messages and tables."""
+        return "swiglu_limit" if self.gate_clamp is GateClamp.BEFORE_SILU else "swiglu_limit_after_silu"
+
+    @property
+    def gated(self) -> bool:
+        """Gate and up halves: always."""
+        return True
+
+    def apply(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The activation of ``[gate | up]``, in transformers' order of operations."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        if self.gate_clamp is GateClamp.BEFORE_SILU:
+            return F.silu(gate.clamp(min=None, max=self.limit)) * up
+        return F.silu(gate).clamp(min=None, max=self.limit) * up
+
+
+ExpertActivation: TypeAlias = Activation | ClampedSwiglu | LimitedSwiglu
 """Every activation a layer may name."""
 
-ACTIVATION_TYPES = (Activation, ClampedSwiglu)
+ACTIVATION_TYPES = (Activation, ClampedSwiglu, LimitedSwiglu)
 """The classes of :data:`ExpertActivation`, for checks at run time."""
 
 
@@ -403,9 +454,19 @@ class MoeRunnerConfig:
                 )
 
 
-EXAMPLE_ACTIVATIONS: tuple[ExpertActivation, ...] = (*Activation, ClampedSwiglu())
-"""One value of every activation (gpt-oss's parameters for the clamped SwiGLU): what ``moe-core info`` asks each
-backend about and ``moe-core check`` runs each backend on."""
+EXAMPLE_LIMIT = 1.0
+"""The limit of the example clamped and limited SwiGLUs: ``moe-core check``'s layers have pre-activations of about
+unit scale, which pass it often (the models' own limits, 7 or 10, they never reach), so a backend that ignores the
+limit, or clamps the gate on the other side of its SiLU, is off there."""
+
+EXAMPLE_ACTIVATIONS: tuple[ExpertActivation, ...] = (
+    *Activation,
+    ClampedSwiglu(limit=EXAMPLE_LIMIT),
+    *(LimitedSwiglu(limit=EXAMPLE_LIMIT, gate_clamp=clamp) for clamp in GateClamp),
+)
+"""One value of every activation (gpt-oss's alpha for the clamped SwiGLU, each placement of the limited one's gate
+clamp, both with :data:`EXAMPLE_LIMIT`): what ``moe-core info`` asks each backend about and ``moe-core check`` runs
+each backend on."""
 
 
 def example_routings(num_experts: int, top_k: int) -> tuple[Routing, ...]:

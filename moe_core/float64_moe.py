@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from moe_core.config import Activation, ClampedSwiglu, ExpertActivation, MoeRunnerConfig
+from moe_core.config import Activation, ClampedSwiglu, ExpertActivation, GateClamp, LimitedSwiglu, MoeRunnerConfig
 from moe_core.dispatch import DispatchOutput
 from moe_core.fp8 import Fp8TensorScale, fake_quantize_fp8, fake_quantize_fp8_per_group, fake_quantize_fp8_per_token
 from moe_core.global_scales import QuantizeGlobalScale
@@ -91,6 +91,12 @@ def _activation(activation: ExpertActivation, h: torch.Tensor, inter: int) -> to
     if isinstance(activation, ClampedSwiglu):
         gate, up = gate.clamp(max=activation.limit), up.clamp(-activation.limit, activation.limit)
         return (up + 1) * gate * torch.sigmoid(activation.alpha * gate)
+    if isinstance(activation, LimitedSwiglu):
+        up = up.clamp(-activation.limit, activation.limit)
+        if activation.gate_clamp is GateClamp.BEFORE_SILU:
+            gate = gate.clamp(max=activation.limit)
+            return gate * torch.sigmoid(gate) * up
+        return (gate * torch.sigmoid(gate)).clamp(max=activation.limit) * up
     return activation.apply(h)
 
 

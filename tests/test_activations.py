@@ -14,7 +14,7 @@ from moe_core.backends._flashinfer import swiglu_only
 from moe_core.backends.triton import dense_supports, fp8_supports
 from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.capability_listing import capability_table
-from moe_core.config import Activation, ClampedSwiglu, Llama4Sigmoid, MoeRunnerConfig, RoutingMethod
+from moe_core.config import Activation, ClampedSwiglu, GateClamp, LimitedSwiglu, Llama4Sigmoid, MoeRunnerConfig, RoutingMethod
 from moe_core.dispatch import StandardDispatchOutput
 from moe_core.formats import FP8
 from moe_core.formats.dense import DENSE, DenseMoeWeights, DenseRecipe, ExpertBiases, GateUpLayout
@@ -62,6 +62,28 @@ def test_clamped_swiglu_against_its_formula(gen: torch.Generator) -> None:
     assert (activation.alpha, activation.limit) == (1.702, 7.0)
     assert torch.allclose(activation.apply(gate_up), want, rtol=1e-12, atol=1e-12)
     assert bool((gate_up[:, :I] < -7).any()) and bool((gate_up[:, :I] > 7).any())  # only the top clamps the gate
+
+
+@pytest.mark.parametrize("clamp", list(GateClamp), ids=lambda c: c.value)
+def test_limited_swiglu_against_its_formula(gen: torch.Generator, clamp: GateClamp) -> None:
+    """DeepSeek-V4 / GLM-5-Next / HY-V4 clamp the gate before its SiLU, Step 3.7 after; both clamp up to
+    [-limit, limit], with no alpha and no + 1 (unlike gpt-oss's)."""
+    activation = LimitedSwiglu(limit=2.0, gate_clamp=clamp)
+    gate_up = torch.randn(10, 2 * I, generator=gen, dtype=torch.float64) * 4
+    gate, up = gate_up[:, :I], gate_up[:, I:].clamp(-2.0, 2.0)
+    def silu(g: torch.Tensor) -> torch.Tensor:
+        return g / (1 + torch.exp(-g))
+
+    want = silu(gate.clamp(max=2.0)) * up if clamp is GateClamp.BEFORE_SILU else silu(gate).clamp(max=2.0) * up
+    assert torch.allclose(activation.apply(gate_up), want, rtol=1e-12, atol=1e-12)
+    assert bool((silu(gate) > 2.0).any()), "the inputs pass the limit, where the placements differ"
+
+
+def test_limited_swiglu_needs_its_gate_clamp_and_a_positive_limit() -> None:
+    with pytest.raises(TypeError, match="LimitedSwiglu.gate_clamp: expected a GateClamp"):
+        LimitedSwiglu(limit=7.0, gate_clamp="before_silu")  # type: ignore[arg-type]  # the misuse under test
+    with pytest.raises(ValueError, match="LimitedSwiglu.limit: expected a finite value > 0"):
+        LimitedSwiglu(limit=float("inf"), gate_clamp=GateClamp.AFTER_SILU)
 
 
 def test_interleaved_gate_up_rows_are_reordered(gen: torch.Generator) -> None:
@@ -194,12 +216,13 @@ def test_kernels_refuse_what_they_do_not_compute(config: MoeRunnerConfig, reason
 
 def test_capability_table_lists_each_backends_values() -> None:
     rows = {row.backend: row for row in capability_table(DeviceSpec.parse("sm90"))}
-    assert rows["triton-dense"].supported_activations() == ("silu", "gelu", "gelu_tanh", "relu2", "clamped_swiglu")
-    assert rows["triton-fp8"].supported_activations() == ("silu", "gelu", "gelu_tanh", "clamped_swiglu")
+    limited = ("swiglu_limit", "swiglu_limit_after_silu")
+    assert rows["triton-dense"].supported_activations() == ("silu", "gelu", "gelu_tanh", "relu2", "clamped_swiglu", *limited)
+    assert rows["triton-fp8"].supported_activations() == ("silu", "gelu", "gelu_tanh", "clamped_swiglu", *limited)
     assert "llama4_sigmoid" not in rows["triton-dense"].supported_routings()
     assert "grouped_topk" in rows["triton-dense"].supported_routings()
     assert rows["flashinfer-cutlass-bf16"].supported_activations() == ("silu",)
-    assert len(rows["reference-dense"].supported_activations()) == 5
+    assert len(rows["reference-dense"].supported_activations()) == 7
     assert len(rows["reference-dense"].supported_routings()) == 9  # grouped top-k by sigmoid, softmax, softmax group max
     assert {"grouped_topk_softmax", "grouped_topk_softmax_group_max"} <= set(rows["triton-dense"].supported_routings())
     assert "grouped_topk_softmax" not in rows["flashinfer-trtllm-fp4"].supported_routings()

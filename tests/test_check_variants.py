@@ -8,7 +8,7 @@ from importlib.metadata import EntryPoint, entry_points
 
 import pytest
 
-from moe_core import Activation, Llama4Sigmoid, MoeRunnerConfig, RoutingMethod, registry
+from moe_core import Activation, ClampedSwiglu, LimitedSwiglu, Llama4Sigmoid, MoeRunnerConfig, RoutingMethod, registry
 from moe_core.check import VARIANT_SCALING_FACTOR, config_variants
 from moe_core.config import EXAMPLE_ACTIVATIONS, example_routings
 from moe_core.cli import main
@@ -33,7 +33,7 @@ def test_variants_cover_every_activation_and_routing_a_scaling_factor_and_expert
     variants = dict(config_variants(config))
     activations = [variant.activation for variant in variants.values() if variant.activation != config.activation]
     assert set(activations) == set(EXAMPLE_ACTIVATIONS) - {config.activation}
-    assert len(activations) == len(Activation)  # the parameterless members and the clamped SwiGLU, the default gone
+    assert len(activations) == len(EXAMPLE_ACTIVATIONS) - 1  # every example activation but the default
     routings = [variant.routing_method for variant in variants.values() if variant.routing_method != config.routing_method]
     assert set(routings) == set(example_routings(8, 2)) - {config.routing_method}
     names = {routing.value for routing in routings}
@@ -61,12 +61,17 @@ def test_a_backend_that_ignores_the_activation_the_routing_or_the_scaling_factor
     assert main(["check", *SMALL]) == 1
     out = capsys.readouterr().out
     rows = table_rows(out)
-    for plugin in ("ignores-activation", "ignores-scaling-factor", "ignores-routing"):
+    for plugin in ("ignores-activation", "ignores-limits", "ignores-scaling-factor", "ignores-routing"):
         assert rows[f"dense {plugin}"][-1] == "ok", "on the default config it computes the right thing"
     for activation in set(EXAMPLE_ACTIVATIONS) - {Activation.SILU_GATED}:
         verdict = rows[f"dense[activation={activation.value}] ignores-activation"][-1]
         assert verdict.startswith("FAILED"), (activation, verdict)  # a wrong value, or a non-gated layer's w13 refused
         assert rows[f"dense[activation={activation.value}] ignores-scaling-factor"][-1] == "ok"
+        limits = rows[f"dense[activation={activation.value}] ignores-limits"][-1]
+        if isinstance(activation, (ClampedSwiglu, LimitedSwiglu)):  # the example limits are within the layer's range
+            assert limits.startswith("FAILED: error above"), (activation, limits)
+        else:
+            assert limits == "ok", (activation, limits)
     for routing in example_routings(4, 2):  # SMALL's experts and top-k
         if routing == RoutingMethod.TOPK_RENORMALIZE:
             continue  # the default config's

@@ -342,7 +342,7 @@ def test_info_lists_schemes_and_the_backend_each_would_choose(capsys: pytest.Cap
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     capabilities = {cells[0]: cells[1:] for cells in table_lines(out)}
-    assert capabilities["triton-dense"][0] == "silu, gelu, gelu_tanh, relu2, clamped_swiglu", (
+    assert capabilities["triton-dense"][0] == "silu, gelu, gelu_tanh, relu2, clamped_swiglu, swiglu_limit, swiglu_limit_after_silu", (
         "the activations Triton's fused epilogue computes"
     )
     assert "llama4_sigmoid" in capabilities["reference-dense"][1]

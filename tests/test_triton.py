@@ -55,6 +55,8 @@ from moe_core import (
     Fp8ChannelMoeWeights,
     Fp8BlockScales,
     Fp8ChannelScales,
+    GateClamp,
+    LimitedSwiglu,
     Llama4Sigmoid,
     MoeForward,
     MoeRunnerConfig,
@@ -546,6 +548,49 @@ def test_dense_clamped_swiglu_with_biases_matches_reference(
     unbiased = attrs.evolve(config, expert_biases=False)
     no_biases = DenseMoeWeights(w13=kernel_weights.w13, w2=kernel_weights.w2)
     assert relative_error(create_runner(REFERENCE_DENSE, unbiased).run(dispatch, no_biases), expected) > 0.05
+
+
+LIMIT = 1.0
+"""A limit where the two placements of the gate's clamp differ much (``silu(1) = 0.73``) and the test layers'
+pre-activations (gain 3) pass it often."""
+LIMITS = {clamp: LimitedSwiglu(limit=LIMIT, gate_clamp=clamp) for clamp in GateClamp}
+"""SiLU with limits, each placement of the gate's clamp."""
+
+
+@pytest.mark.parametrize("clamp", list(GateClamp), ids=lambda c: c.value)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_dense_limited_swiglu_matches_reference(gen: torch.Generator, shape: tuple[int, ...], clamp: GateClamp) -> None:
+    """DeepSeek-V4's / GLM-5-Next's and Step 3.7's SiLU with limits in the fused epilogue, against the float32
+    reference: the clamp is hit both ways, and the other placement of the gate's clamp, or none, is far off."""
+    dtype = DTYPES[0]
+    config, weights, dispatch = make_layer(gen, shape, dtype, LIMITS[clamp], gain=CLAMP_GAIN)
+    assert_clamp_is_hit(weights, dispatch, LIMIT)
+    out = create_runner(TRITON_DENSE, config).run(dispatch, TritonDenseWeights.from_dense(weights))
+    expected = create_runner(REFERENCE_DENSE, config).run(dispatch, weights)
+    assert relative_error(out, expected) < TOLERANCE[dtype]
+    other = GateClamp.AFTER_SILU if clamp is GateClamp.BEFORE_SILU else GateClamp.BEFORE_SILU
+    for wrong in (LIMITS[other], Activation.SILU_GATED):
+        wrong_out = create_runner(REFERENCE_DENSE, attrs.evolve(config, activation=wrong)).run(dispatch, weights)
+        assert relative_error(wrong_out, expected) > 0.05, wrong.value
+
+
+@pytest.mark.parametrize("clamp", list(GateClamp), ids=lambda c: c.value)
+@pytest.mark.parametrize("fmt", ["fp8-static", "nvfp4-w4a16"])
+def test_quantized_limited_swiglu_matches_reference(gen: torch.Generator, fmt: str, clamp: GateClamp) -> None:
+    """SiLU with limits in the quantized paths' shared epilogue, against each format's reference on the same codes."""
+    dtype = torch.float32 if fmt == "fp8-static" else DTYPES[0]
+    config, weights, dispatch = make_layer(gen, SHAPES[1], dtype, LIMITS[clamp], gain=CLAMP_GAIN)
+    assert_clamp_is_hit(weights, dispatch, LIMIT)
+    dense = DenseMoeWeights(w13=weights.w13.float(), w2=weights.w2.float())
+    if fmt == "fp8-static":
+        fp8 = quantize_fp8_layer(config, dense, dispatch)
+        out = create_runner(TRITON_FP8, config).run(dispatch, TritonFp8Weights.from_fp8(fp8))
+        expected, tolerance = create_runner(REFERENCE_FP8, config).run(dispatch, fp8), FP8_STATIC_TOLERANCE[dtype]
+    else:
+        nvfp4 = quantize_nvfp4_layer(config, dense, dispatch).without_activation_quantization()
+        out = create_runner(TRITON_NVFP4_W4A16, config).run(dispatch, TritonNvfp4W4A16Weights.from_nvfp4(nvfp4))
+        expected, tolerance = create_runner(REFERENCE_NVFP4_W4A16, config).run(dispatch, nvfp4), TOLERANCE[dtype]
+    assert relative_error(out, expected) < tolerance
 
 
 @pytest.mark.parametrize("biases", [False, True], ids=["no-biases", "biases"])

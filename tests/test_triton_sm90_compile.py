@@ -277,7 +277,7 @@ def _with_block_k(block_k: int, run: Callable[[], object]) -> Callable[[], objec
 
 def scenarios() -> Iterator[tuple[str, Callable[[], object]]]:
     """Each (name, forward): one runner's forward on meta weights and a meta batch (the recorded launches)."""
-    from moe_core import Activation, ClampedSwiglu
+    from moe_core import Activation, ClampedSwiglu, GateClamp, LimitedSwiglu
     from moe_core.backends.triton import plans
     from moe_core.backends.triton.runner import TritonRunner
 
@@ -323,6 +323,10 @@ def scenarios() -> Iterator[tuple[str, Callable[[], object]]]:
     yield "fp8-block clamped_swiglu T=1", forward("fp8-block", MIXTRAL, 1, bf16, clamped)
     yield "nvfp4-w4a16 clamped_swiglu T=1", forward("nvfp4", MIXTRAL, 1, bf16, clamped)
     yield "nvfp4-w4a16 fp16 clamped_swiglu T=4096", forward("nvfp4", MIXTRAL, 4096, fp16, clamped)
+    for clamp in GateClamp:
+        limited = LimitedSwiglu(limit=10.0, gate_clamp=clamp)
+        yield f"dense bf16 {limited.value} T=1", forward("dense", MIXTRAL, 1, bf16, limited)
+        yield f"fp8 static {limited.value} T=4096", forward("fp8", MIXTRAL, 4096, bf16, limited, static=True)
     yield "mxfp4-w4a16 one-block K tiles T=1", forward("mxfp4", MXFP4_ODD, 1, bf16, clamped, True)
     yield "mxfp4-w4a16 K tail (64-wide tiles) T=1", _with_block_k(64, forward("mxfp4", MXFP4_ODD, 1, bf16, clamped, True))
 

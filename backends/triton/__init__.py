@@ -11,7 +11,8 @@ FP8 plans quantize each GEMM input first (:mod:`.quantize`).
 Importing this module registers the keys (kernel tier, ahead of FlashInfer's
 CUTLASS MoE) without importing Triton, so a machine without it lists the
 backends as unsupported with the reason. They run layers of gated SiLU,
-GELU (erf or tanh) or gpt-oss's clamped SwiGLU with bf16/fp16 hidden states
+GELU (erf or tanh), gpt-oss's clamped SwiGLU or SiLU with limits (DeepSeek-V4,
+GLM-5-Next, Step 3.7) with bf16/fp16 hidden states
 on CUDA devices of compute capability 8.0 or newer (NVFP4 and FP8: 8.9, for
 the E4M3 conversions and FP8 dot products); block-scaled FP8 needs sizes
 that are multiples of 128. Dense weights may also be non-gated ReLU^2 and
@@ -41,6 +42,7 @@ from moe_core import (
     BackendKey,
     ClampedSwiglu,
     Conversion,
+    LimitedSwiglu,
     MoeRunnerConfig,
     Runner,
     register_backend,
@@ -57,9 +59,12 @@ from moe_core.formats import fp8_block_size_refusal
 from moe_core.mxfp4 import MXFP4_BLOCK
 
 ACTIVATIONS = (Activation.SILU_GATED, Activation.GELU_GATED, Activation.GELU_TANH_GATED, Activation.RELU2)
-"""The parameterless activations the first GEMM's fused epilogue computes; and :class:`~moe_core.ClampedSwiglu`,
-any ``alpha`` and ``limit`` (ReLU^2, non-gated, only for dense weights: the quantized formats hold gate and up
-halves)."""
+"""The parameterless activations the first GEMM's fused epilogue computes; and :class:`~moe_core.ClampedSwiglu`
+(any ``alpha`` and ``limit``) and :class:`~moe_core.LimitedSwiglu` (any ``limit``, either gate clamp) (ReLU^2,
+non-gated, only for dense weights: the quantized formats hold gate and up halves)."""
+
+PARAMETRIZED_ACTIVATIONS = (ClampedSwiglu, LimitedSwiglu)
+"""The activation classes the epilogue computes with any of their parameters."""
 
 HIDDEN_DTYPES = (torch.bfloat16, torch.float16)
 """Hidden-state dtypes the kernels read and write."""
@@ -96,8 +101,8 @@ def _layer_reasons(layer: LayerSpec) -> list[str]:
     reasons = []
     config = layer.config
     activation = config.activation
-    if not isinstance(activation, ClampedSwiglu) and activation not in ACTIVATIONS:
-        names = ", ".join([*(a.value for a in ACTIVATIONS), ClampedSwiglu().value])
+    if not isinstance(activation, PARAMETRIZED_ACTIVATIONS) and activation not in ACTIVATIONS:
+        names = ", ".join([*(a.value for a in ACTIVATIONS), ClampedSwiglu().value, "swiglu_limit (either gate clamp)"])
         reasons.append(f"its fused epilogue computes {names}, not {activation.value}")
     elif not activation.gated and layer.format is not DENSE:
         reasons.append(f"the {layer.format.name} weights are gated (w13 [E, 2I, H]), not {activation.value}")

@@ -48,7 +48,7 @@ constexpr flags:
   at column ``N + n``) is added to the dequantized accumulator, before the
   activation (first GEMM) or the top-k weight (second).
 
-With ``BIAS``, ``RELU2``, ``MXFP4`` and ``ACTIVATION == CLAMPED_SWIGLU`` off, every
+With ``BIAS``, ``RELU2``, ``MXFP4`` off and ``ACTIVATION`` below ``CLAMPED_SWIGLU``, every
 flag's code is what it was before they existed (all are constexpr).
 
 Every program reads its block's expert and rows from :mod:`.sorting`'s
@@ -66,8 +66,11 @@ SILU = 0
 GELU = 1
 GELU_TANH = 2
 CLAMPED_SWIGLU = 3
-"""The gated activations the first GEMM's epilogue computes (``ACTIVATION``): SiLU, erf-GELU, tanh-GELU, and
-gpt-oss's clamped SwiGLU (its ``alpha`` and ``limit`` the constexprs ``ALPHA`` and ``LIMIT``)."""
+LIMITED_SWIGLU = 4
+LIMITED_SWIGLU_AFTER_SILU = 5
+"""The gated activations the first GEMM's epilogue computes (``ACTIVATION``): SiLU, erf-GELU, tanh-GELU,
+gpt-oss's clamped SwiGLU (its ``alpha`` and ``limit`` the constexprs ``ALPHA`` and ``LIMIT``), and SiLU with limits
+(``LIMIT``; the gate clamped before its SiLU, or after)."""
 
 
 @triton.jit
@@ -530,10 +533,17 @@ def moe_gemm_kernel(
             gate = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
         elif ACTIVATION == 2:  # 0.5 x (1 + tanh(z)) = x * sigmoid(2 z), z = sqrt(2 / pi) (x + 0.044715 x^3)
             gate = acc / (1.0 + tl.exp(-1.5957691216057308 * (acc + 0.044715 * acc * acc * acc)))
-        else:  # clamped SwiGLU: gate clamped from above only, up to [-limit, limit] plus one; NaN stays NaN
+        elif ACTIVATION == 3:  # clamped SwiGLU: gate clamped from above only, up to [-limit, limit] plus one; NaN stays NaN
             gate = tl.minimum(acc, LIMIT, propagate_nan=tl.PropagateNan.ALL)
             gate = gate / (1.0 + tl.exp(-ALPHA * gate))
             acc_up = tl.clamp(acc_up, -LIMIT, LIMIT, propagate_nan=tl.PropagateNan.ALL) + 1.0
+        elif ACTIVATION == 4:  # SiLU with limits: the gate clamped from above before its SiLU, up to [-limit, limit]
+            gate = tl.minimum(acc, LIMIT, propagate_nan=tl.PropagateNan.ALL)
+            gate = gate / (1.0 + tl.exp(-gate))
+            acc_up = tl.clamp(acc_up, -LIMIT, LIMIT, propagate_nan=tl.PropagateNan.ALL)
+        else:  # SiLU with limits, the gate's SiLU clamped from above (Step 3.7)
+            gate = tl.minimum(acc / (1.0 + tl.exp(-acc)), LIMIT, propagate_nan=tl.PropagateNan.ALL)
+            acc_up = tl.clamp(acc_up, -LIMIT, LIMIT, propagate_nan=tl.PropagateNan.ALL)
         result = gate * acc_up
         if OUT_FP8:
             result = _e4m3_values(result, tl.load(out_scale_ptr), UPCAST)

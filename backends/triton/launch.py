@@ -16,13 +16,15 @@ from typing import Protocol, final
 import attrs
 import torch
 
-from moe_core import Activation, ClampedSwiglu, DispatchOutput, MoeRunnerConfig
+from moe_core import Activation, ClampedSwiglu, DispatchOutput, GateClamp, LimitedSwiglu, MoeRunnerConfig
 from moe_core.backends.triton import interpreted
 from moe_core.backends.triton.configs import KernelConfig
 from moe_core.backends.triton.kernels import (
     CLAMPED_SWIGLU,
     GELU,
     GELU_TANH,
+    LIMITED_SWIGLU,
+    LIMITED_SWIGLU_AFTER_SILU,
     SILU,
     combine_kernel,
     dequantize_mxfp4_kernel,
@@ -224,8 +226,8 @@ class Gemm:
 @attrs.frozen
 class Epilogue:
     """The first GEMM's activation as the kernel's constexprs: ``ACTIVATION`` (a gated one's code), ``RELU2``
-    (non-gated ``relu(h) ** 2``: no up half), and the clamped SwiGLU's ``ALPHA`` and ``LIMIT`` (0 otherwise, so
-    the other activations compile as one variant each)."""
+    (non-gated ``relu(h) ** 2``: no up half), and the clamped SwiGLU's ``ALPHA`` and ``LIMIT`` (the limited
+    SwiGLU's ``LIMIT``; 0 otherwise, so the other activations compile as one variant each)."""
 
     activation: int
     relu2: bool = False
@@ -238,6 +240,9 @@ class Epilogue:
         activation = config.activation
         if isinstance(activation, ClampedSwiglu):
             return cls(CLAMPED_SWIGLU, alpha=float(activation.alpha), limit=float(activation.limit))
+        if isinstance(activation, LimitedSwiglu):
+            before = activation.gate_clamp is GateClamp.BEFORE_SILU
+            return cls(LIMITED_SWIGLU if before else LIMITED_SWIGLU_AFTER_SILU, limit=float(activation.limit))
         if activation is Activation.RELU2:
             return cls(SILU, relu2=True)
         codes = {Activation.SILU_GATED: SILU, Activation.GELU_GATED: GELU, Activation.GELU_TANH_GATED: GELU_TANH}

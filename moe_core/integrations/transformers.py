@@ -36,8 +36,10 @@ from moe_core.config import (
     Activation,
     ClampedSwiglu,
     ExpertActivation,
+    GateClamp,
     GroupedTopK,
     GroupScore,
+    LimitedSwiglu,
     Llama4Sigmoid,
     MoeRunnerConfig,
     Routing,
@@ -611,13 +613,45 @@ def _minimax_m3_vl(block: nn.Module, config: object) -> BlockParts:
     return _scaled_biased_sigmoid(block, activation, shared)
 
 
+def _limited(activation: Activation, limit: float, gate_clamp: GateClamp, path: str) -> ExpertActivation:
+    """``activation`` with the SwiGLU limit read at ``path`` (none where it is infinite); only SiLU is limited."""
+    if limit == float("inf"):
+        return activation
+    if activation is not Activation.SILU_GATED:
+        raise ValueError(f"{path}: a limit on a {activation.value}-gated MLP is not computed here (only silu's), got {limit}")
+    return LimitedSwiglu(limit=limit, gate_clamp=gate_clamp)
+
+
 def _step3p7(block: nn.Module, config: object) -> BlockParts:
-    """Step 3.7: MiniMax-M2's routing, the output scaled, a shared expert; without SwiGLU limits only."""
-    for path in ("experts.limit", "shared_experts.limit"):
-        if _float(block, path) != float("inf"):
-            raise ValueError(f"{path}: a clamped SwiGLU (swiglu_limits) is not covered, got {_float(block, path)}")
+    """Step 3.7: MiniMax-M2's routing, the output scaled, a shared expert; where the layer's ``swiglu_limits`` (or
+    ``swiglu_limits_shared``) set one, the experts' (or the shared expert's) SiLU output is clamped from above and the
+    up half to ``[-limit, limit]``."""
     activation = _hidden_act(_get(config, "hidden_act", str))
-    return _scaled_biased_sigmoid(block, activation, _mlp(block, "shared_experts", activation))
+    routed, shared = (
+        _limited(activation, _float(block, path), GateClamp.AFTER_SILU, path)
+        for path in ("experts.limit", "shared_experts.limit")
+    )
+    return _scaled_biased_sigmoid(block, routed, _mlp(block, "shared_experts", shared))
+
+
+def _limited_deepseek(shared_limited: bool) -> Callable[[nn.Module, object], BlockParts]:
+    """The reader of a DeepSeek-V3-routed block whose experts clamp their gate before the SiLU and their up half to
+    ``[-swiglu_limit, swiglu_limit]`` (DeepSeek-V4's experts): GLM-5-Next, whose shared expert is limited the same
+    way (``shared_limited``), and HY-V4, whose shared expert is not."""
+
+    def read(block: nn.Module, config: object) -> BlockParts:
+        hidden_act = _hidden_act(_get(config, "hidden_act", str))
+        if hidden_act is not Activation.SILU_GATED:  # the experts compute F.silu whatever hidden_act says
+            raise ValueError(f"hidden_act: the limited experts are SiLU-gated, got {hidden_act.value} for the shared expert")
+        routed = LimitedSwiglu(limit=_float(block, "experts.swiglu_limit"), gate_clamp=GateClamp.BEFORE_SILU)
+        shared = (
+            LimitedSwiglu(limit=_float(block, "shared_experts.swiglu_limit"), gate_clamp=GateClamp.BEFORE_SILU)
+            if shared_limited
+            else hidden_act
+        )
+        return _grouped(block, routed, _experts(block), _mlp(block, "shared_experts", shared))
+
+    return read
 
 
 def _laguna(block: nn.Module, config: object) -> BlockParts:
@@ -842,6 +876,9 @@ FAMILIES: dict[str, Family] = {
         "openai_privacy_filter", _openai_privacy_filter, BlockReturn.WITH_TOPK_WEIGHTS_OVER_K
     ),
     "Step3p7SparseMoeBlock": Family("step3p7", _step3p7),
+    "Glm5NextTextMoE": Family("glm5_next", _limited_deepseek(shared_limited=True)),
+    "HYV4MoE": Family("hy_v4", _limited_deepseek(shared_limited=False)),
+    "HYV4VLMoE": Family("hy_v4_vl", _limited_deepseek(shared_limited=False)),
 }
 """transformers' sparse MoE block classes, by name, that :func:`swap_moe_blocks` replaces."""
 

@@ -1,10 +1,12 @@
 """A plugin that claims every config yet computes only the default one, for the tests of ``moe-core check``'s variants.
 
-Importing this module registers three dense backends: one that always
-computes gated SiLU, whatever the config's activation, one that drops the
-routed scaling factor, and one that weights every expert's output by its
-top-k weight whatever the routing method (Llama 4's weights scale the
-expert's input). All answer ``supports`` with ok for any layer.
+Importing this module registers four dense backends: one that always
+computes gated SiLU, whatever the config's activation, one that computes the
+config's activation without its limits (the clamped and limited SwiGLUs),
+one that drops the routed scaling factor, and one that weights every
+expert's output by its top-k weight whatever the routing method (Llama 4's
+weights scale the expert's input). All answer ``supports`` with ok for any
+layer.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import torch
 from moe_core import (
     DENSE,
     Activation,
+    ClampedSwiglu,
     Conversion,
     DenseMoeWeights,
     DispatchOutput,
+    LimitedSwiglu,
     MoeRunnerConfig,
     SigmoidTopK,
     register_backend,
@@ -38,6 +42,19 @@ class AlwaysSiluRunner:
     def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
         silu = attrs.evolve(self.config, activation=Activation.SILU_GATED)
         return REFERENCE_DENSE.factory(silu).run(dispatch, quant_info)
+
+
+@attrs.frozen
+class UnlimitedRunner:
+    """The dense reference, with the activation's limit (if it has one) raised far past every pre-activation."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        config = self.config
+        if isinstance(config.activation, (ClampedSwiglu, LimitedSwiglu)):
+            config = attrs.evolve(config, activation=attrs.evolve(config.activation, limit=1e4))
+        return REFERENCE_DENSE.factory(config).run(dispatch, quant_info)
 
 
 @attrs.frozen
@@ -68,6 +85,14 @@ register_backend(
     "ignores-activation",
     description="claims every activation, computes gated SiLU",
     factory=AlwaysSiluRunner,
+    supports=reference_supports,
+    priority=ORACLE,
+    conversions=[Conversion(DENSE, _as_is)],
+)
+register_backend(
+    "ignores-limits",
+    description="claims every activation, computes the clamped and limited SwiGLUs without their limits",
+    factory=UnlimitedRunner,
     supports=reference_supports,
     priority=ORACLE,
     conversions=[Conversion(DENSE, _as_is)],
