@@ -355,8 +355,13 @@ class MoeCheckpoint:
 
     def _require_agreement(self, config: MoeRunnerConfig) -> None:
         """Refuse a config that computes another layer than this checkpoint's. The caller's own: this rank's experts,
-        and ``top_k`` (the runner's slots per row: 1 over a dispatcher's slot rows; a dispatch of another width is
-        refused when it runs)."""
+        and ``top_k`` 1 in place of the checkpoint's (the runner's slots per row over a dispatcher's slot rows); any
+        other ``top_k`` routes the model otherwise."""
+        if config.top_k not in (1, self.top_k):
+            raise ValueError(
+                f"config.top_k: {self.directory / 'config.json'} routes each token to {self.top_k} experts, got "
+                f"{config.top_k} (only 1 is the caller's: a dispatcher's slot rows, one slot each)"
+            )
         own = attrs.evolve(
             self.runner_config(num_local_experts=config.num_local_experts, local_expert_offset=config.local_expert_offset),
             top_k=config.top_k,

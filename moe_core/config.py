@@ -454,6 +454,15 @@ class MoeRunnerConfig:
                 )
 
 
+def config_differences(config: MoeRunnerConfig, other: MoeRunnerConfig, whose: str) -> list[str]:
+    """Each field where ``other`` (``whose``) differs from ``config``, as ``name value (whose: other value)``."""
+    return [
+        f"{field.name} {getattr(config, field.name)!r} ({whose}: {getattr(other, field.name)!r})"
+        for field in attrs.fields(MoeRunnerConfig)
+        if getattr(config, field.name) != getattr(other, field.name)
+    ]
+
+
 EXAMPLE_LIMIT = 1.0
 """The limit of the example clamped and limited SwiGLUs: ``moe-core check``'s layers have pre-activations of about
 unit scale, which pass it often (the models' own limits, 7 or 10, they never reach), so a backend that ignores the

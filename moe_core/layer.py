@@ -24,7 +24,7 @@ from moe_core._checks import (
     require_tensor,
 )
 from moe_core.capability import DeviceSpec, LayerSpec
-from moe_core.config import Activation, ExpertActivation, MoeRunnerConfig
+from moe_core.config import ACTIVATION_TYPES, Activation, ExpertActivation, MoeRunnerConfig, config_differences
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 from moe_core.formats.dense import DENSE, DenseMoeWeights
 from moe_core.registry import BoundRunner, MoeForward, choose
@@ -49,6 +49,10 @@ class SharedExpert:
     """``[1, H]``."""
 
     def __attrs_post_init__(self) -> None:
+        activation: object = self.activation  # typed, but a caller's Any reaches here unchecked
+        if not isinstance(activation, ACTIVATION_TYPES):
+            names = " or ".join(kind.__name__ for kind in ACTIVATION_TYPES)
+            raise TypeError(f"SharedExpert.activation: expected an {names}, got {activation!r}")
         require_tensor("SharedExpert.w13", self.w13)
         require_tensor("SharedExpert.w2", self.w2)
         require_ndim("SharedExpert.w13", self.w13, 2, "[rows, hidden_size]")
@@ -73,6 +77,8 @@ class SharedExpert:
                 f"SharedExpert: hidden_states are {hidden_states.dtype}, its weights {self.w13.dtype}: build it in the "
                 "hidden states' dtype (the models' own dense MLPs compute in it)"
             )
+        if hidden_states.device != self.w13.device:  # a meta expert would add uninitialized values to a CPU batch
+            raise ValueError(f"SharedExpert: hidden_states on {hidden_states.device}, its weights on {self.w13.device}")
         out = F.linear(self.activation.apply(F.linear(hidden_states, self.w13)), self.w2)
         if self.gate is None:
             return out
@@ -100,20 +106,32 @@ class MoeLayer:
                 "ranks with moe_core.distributed (ExpertParallelMoe)"
             )
         check_router(self.router, self.config)
+        if self.shared_expert is not None:
+            self._check_shared_expert(self.shared_expert)
         if not isinstance(self.experts, BoundRunner):
             raise TypeError(
                 f"MoeLayer.experts: expected the bound forward a route or backend key binds (BoundRunner), got "
                 f"{type(self.experts).__name__}: the layer checks the config the experts were bound for against its "
                 "own, which another callable does not carry"
             )
-        bound = self.experts.runner.config
-        if bound != self.config:
-            differ = [
-                f"{field.name} {getattr(self.config, field.name)!r} (experts': {getattr(bound, field.name)!r})"
-                for field in attrs.fields(MoeRunnerConfig)
-                if getattr(self.config, field.name) != getattr(bound, field.name)
-            ]
+        differ = config_differences(self.config, self.experts.runner.config, "experts'")
+        if differ:
             raise ValueError(f"MoeLayer.config: the experts were bound for another layer: {'; '.join(differ)}")
+
+    def _check_shared_expert(self, shared: object) -> None:
+        """A :class:`SharedExpert` (a module of the model computes without its gate or checks), of the layer's
+        hidden size, beside the router."""
+        if not isinstance(shared, SharedExpert):
+            raise TypeError(
+                f"MoeLayer.shared_expert: expected a SharedExpert, got {type(shared).__name__} (build one from the "
+                "MLP's weights: a model's own module may gate its output, which a plain call would drop)"
+            )
+        if shared.w2.shape[0] != self.config.hidden_size:
+            raise ValueError(
+                f"MoeLayer.shared_expert: its w2 has {shared.w2.shape[0]} rows, the layer's hidden size is "
+                f"{self.config.hidden_size}"
+            )
+        require_same_device([("router.weight", self.router.weight), ("shared_expert.w13", shared.w13)])
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, TopKOutput]:
         """The output and the routing that produced it (for blocks that also return weights or logits)."""

@@ -83,6 +83,11 @@ class Router:
             raise ValueError(
                 f"hidden_states: expected {self.weight.shape[1]} columns like Router.weight, got {hidden_states.shape[1]}"
             )
+        if hidden_states.device != self.weight.device:  # a meta router would give a CPU batch uninitialized logits
+            raise ValueError(
+                f"hidden_states: on {hidden_states.device}, the router's weight on {self.weight.device}: move the "
+                "router to the hidden states' device (a router built on meta has no values to route with)"
+            )
         return F.linear(hidden_states.to(self.weight.dtype), self.weight, self.bias)
 
 
@@ -172,6 +177,7 @@ def select_experts(
             raise ValueError(f"score_correction_bias: only GroupedTopK routing takes one, not {method.value}")
         require_tensor("score_correction_bias", score_correction_bias)
         require_shape("score_correction_bias", score_correction_bias, (config.num_experts,), "[num_experts]")
+        require_same_device([("router_logits", router_logits), ("score_correction_bias", score_correction_bias)])
         require_finite("score_correction_bias", score_correction_bias)
     logits = router_logits.float()
     if method is RoutingMethod.SOFTMAX_TOPK:

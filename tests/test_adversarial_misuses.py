@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from moe_core import (
+    Activation,
     DenseMoeWeights,
     ExpertQuantizeGlobalScales,
     Fp8TensorScale,
@@ -233,3 +234,85 @@ def test_flashinfer_runners_taken_by_key_refuse_what_their_kernels_do_not_comput
             TrtllmFp4Runner(config, kernels=trtllm_model_kernels())
         with pytest.raises(ValueError, match=f"CUTLASS fused MoE: .*{reason}"):
             CutlassRunner[CutlassBf16Weights](config, kernels=cutlass_model_kernels())
+
+
+META = torch.device("meta")
+
+
+def test_a_router_or_shared_expert_on_meta_refuses_hidden_states_elsewhere(gen: torch.Generator) -> None:
+    """Engines build layers on meta first: a meta router gave a CPU batch uninitialized logits (a layer 1.0-1.45
+    off), a meta shared expert added uninitialized values (norms up to inf). Both are refused by name."""
+    config, weights = _config(), _weights(gen)
+    x = torch.randn(5, H, generator=gen)
+    meta_router = Router(weight=torch.empty(E, H, device=META))
+    with pytest.raises(ValueError, match=r"hidden_states: on cpu, the router's weight on meta"):
+        route(x, meta_router, config)
+    with pytest.raises(ValueError, match=r"hidden_states: on cpu, the router's weight on meta"):
+        dense_layer(config, meta_router, weights, dtype=torch.float32)(x)
+    meta_shared = SharedExpert(w13=torch.empty(2 * I, H, device=META), w2=torch.empty(H, I, device=META))
+    with pytest.raises(ValueError, match=r"SharedExpert: hidden_states on cpu, its weights on meta"):
+        meta_shared(x)
+    router = Router(weight=torch.randn(E, H, generator=gen))
+    with pytest.raises(ValueError, match=r"router.weight on cpu, shared_expert.w13 on meta"):
+        dense_layer(config, router, weights, dtype=torch.float32, shared_expert=meta_shared)
+
+
+def test_a_layer_takes_only_a_shared_expert_of_its_own_size(gen: torch.Generator) -> None:
+    """A transformers module (typed Any) passed as the shared expert ran without its sigmoid gate (1.0 off); one of
+    another hidden size failed inside a matmul; an activation given as a string inside a raw AttributeError."""
+    config, weights = _config(), _weights(gen)
+    router = Router(weight=torch.randn(E, H, generator=gen))
+    module: object = torch.nn.Linear(H, H)
+    with pytest.raises(TypeError, match=r"MoeLayer.shared_expert: expected a SharedExpert, got Linear"):
+        dense_layer(config, router, weights, dtype=torch.float32, shared_expert=module)  # type: ignore[arg-type]  # the misuse under test
+    wide = SharedExpert(w13=torch.randn(2 * I, 48, generator=gen), w2=torch.randn(48, I, generator=gen))
+    with pytest.raises(ValueError, match=r"its w2 has 48 rows, the layer's hidden size is 32"):
+        dense_layer(config, router, weights, dtype=torch.float32, shared_expert=wide)
+    with pytest.raises(TypeError, match=r"SharedExpert.activation: expected an Activation or ClampedSwiglu or LimitedSwiglu"):
+        SharedExpert(w13=torch.zeros(2 * I, H), w2=torch.zeros(H, I), activation="gelu")  # type: ignore[arg-type]  # the misuse under test
+
+
+def test_a_checkpoint_layer_takes_its_own_top_k_or_slot_rows_only() -> None:
+    """``load_layer(config=...)`` took any top_k: a top-2 checkpoint routed top-4 ran 0.63 off. One slot per row
+    (a dispatcher's slot rows) stays the caller's."""
+    checkpoint = MoeCheckpoint(FIXTURES / "qwen3_moe_bf16")
+    config = checkpoint.runner_config()
+    assert config.top_k == 2
+    with pytest.raises(ValueError, match=r"config.top_k: .* routes each token to 2 experts, got 4"):
+        checkpoint.load_layer(0, config=attrs.evolve(config, top_k=4))
+    assert checkpoint.load_layer(0, config=attrs.evolve(config, top_k=1)).config.top_k == 1
+
+
+def test_an_expert_parallel_forward_bound_for_another_config_is_refused(gen: torch.Generator) -> None:
+    """A rank's forward bound without the layer's scaling factor (0.60 off), for half its experts (0.47) or for
+    another activation (0.19) ran: a forward that says its config must be bound for the dispatcher's part."""
+    whole = _config(routed_scaling_factor=2.5)
+    dispatcher = LocalDispatcher()
+    local = dispatcher.runner_config(whole)
+    weights = _weights(gen)
+    for wrong in (attrs.evolve(local, routed_scaling_factor=1.0), attrs.evolve(local, activation=Activation.GELU_TANH_GATED)):
+        with pytest.raises(ValueError, match=r"ExpertParallelMoe.forward: bound for another config"):
+            ExpertParallelMoe(dispatcher, REFERENCE_DENSE.bind(wrong, weights), config=whole)
+    x = torch.randn(5, H, generator=gen)
+    topk = select_experts(torch.randn(5, E, generator=gen), whole)
+    layer = ExpertParallelMoe(dispatcher, REFERENCE_DENSE.bind(local, weights), config=whole)
+    torch.testing.assert_close(layer(x, topk), REFERENCE_DENSE.bind(whole, weights)(StandardDispatchOutput(x, topk)))
+
+
+def test_a_correction_bias_elsewhere_than_the_logits_is_refused_by_name(gen: torch.Generator) -> None:
+    config = _config(GroupedTopK(n_group=4, topk_group=2, renormalize=True))
+    with pytest.raises(ValueError, match=r"router_logits on cpu, score_correction_bias on meta"):
+        select_experts(torch.randn(3, E, generator=gen), config, score_correction_bias=torch.empty(E, device=META))
+
+
+def test_swapping_a_model_that_outputs_router_logits_is_refused() -> None:
+    """transformers' ``output_router_logits`` records logits through hooks on its router modules, which a swapped
+    block does not have: the model died in an IndexError inside transformers."""
+    transformers = pytest.importorskip("transformers")
+    from moe_core.integrations.transformers import swap_moe_blocks
+
+    config = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2, output_router_logits=True)
+    with pytest.raises(ValueError, match=r"config.output_router_logits: a swapped block does not record"):
+        swap_moe_blocks(transformers.MixtralForCausalLM(config).eval())

@@ -8,10 +8,20 @@ from typing import Generic, final
 import attrs
 import torch
 
-from moe_core.config import MoeRunnerConfig
+from moe_core.config import MoeRunnerConfig, config_differences
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 from moe_core.distributed.protocol import FormatT, HandleT, TokenDispatcher
+from moe_core.registry import BoundRunner
 from moe_core.runner import check_run_values
+
+
+def _bound_config(forward: object) -> MoeRunnerConfig | None:
+    """The config ``forward`` was bound for, where it says: a bound runner's, a scheme's ``apply``'s; None for
+    another callable (a lambda around a runner)."""
+    if isinstance(forward, BoundRunner):
+        return forward.runner.config
+    config = getattr(getattr(forward, "__self__", None), "config", None)
+    return config if isinstance(config, MoeRunnerConfig) else None
 
 
 @final
@@ -23,7 +33,9 @@ class ExpertParallelMoe(Generic[FormatT, HandleT]):
     bound runner, e.g. ``lambda d: runner.run(d, local_weights)`` with
     ``runner = create_runner(key, dispatcher.runner_config(config))``); its
     parameter type must take the dispatcher's format, so mypy refuses a
-    forward written for another one. ``config`` is the whole layer's (every
+    forward written for another one, and a forward that says its config (a
+    bound runner, a scheme's ``apply``) must have been bound for
+    ``dispatcher.runner_config(config)``. ``config`` is the whole layer's (every
     expert, the routing method): a top-k built with ``check_values`` is
     checked against it before the tokens leave (ids, and the weights the
     routing method gives), as a single-rank layer's bound forward does; the
@@ -44,6 +56,14 @@ class ExpertParallelMoe(Generic[FormatT, HandleT]):
                 f"gives each rank its own), got experts [{self.config.local_expert_offset}, "
                 f"{self.config.local_expert_offset + self.config.num_local_experts}) of {self.config.num_experts}"
             )
+        bound = _bound_config(self.forward)
+        if bound is not None:
+            differ = config_differences(bound, self.dispatcher.runner_config(self.config), "the dispatcher's")
+            if differ:
+                raise ValueError(
+                    "ExpertParallelMoe.forward: bound for another config than this rank's part of the layer "
+                    f"(dispatcher.runner_config(config)): {'; '.join(differ)}"
+                )
 
     def __call__(self, hidden_states: torch.Tensor, topk: TopKOutput) -> torch.Tensor:
         """This rank's ``[T, H]`` output for its tokens ``hidden_states [T, H]`` routed by ``topk``."""

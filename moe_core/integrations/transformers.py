@@ -904,6 +904,11 @@ def swap_moe_blocks(
     any block cannot be built.
     """
     config = _text_config(model)
+    if getattr(config, "output_router_logits", False) is True:
+        raise ValueError(
+            "config.output_router_logits: a swapped block does not record router logits for transformers' output "
+            "hooks (the model would fail inside transformers); set it to False before swap_moe_blocks"
+        )
     blocks = [(path, module) for path, module in model.named_modules() if type(module).__name__ in FAMILIES]
     if not blocks:
         raise ValueError(
