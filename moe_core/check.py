@@ -12,8 +12,9 @@ scales) and one routed batch, per canonical format:
    registered conversion, against the oracle, with the user's tolerance;
 4. the same layer with each config field a backend may claim varied, one at
    a time (:func:`config_variants`: every activation and routing method,
-   parameterized ones included, a routed scaling factor other than 1, and
-   expert parallelism), on the first :data:`VARIANT_TOKENS` tokens, untimed:
+   parameterized ones included, a routed scaling factor other than 1, expert
+   biases (random ones, in the formats that hold them), and expert
+   parallelism), on the first :data:`VARIANT_TOKENS` tokens, untimed:
    the oracle against the float64 MoE of that config, and each backend whose
    ``supports`` takes that config against the oracle (a refusal is a skipped
    row with its reasons), so a backend that ignores a field it claims fails.
@@ -63,6 +64,7 @@ from moe_core.float64_moe import (
     nvfp4_round_trips,
 )
 from moe_core.formats import DENSE, FP8, FP8_BLOCK_SCALED, FP8_CHANNEL, MXFP4, NVFP4, NVFP4_PER_EXPERT, NVFP4_W4A16
+from moe_core.formats.dense import ExpertBiases
 from moe_core.formats import (
     DenseMoeWeights,
     Fp8BlockMoeWeights,
@@ -103,7 +105,8 @@ def config_variants(config: MoeRunnerConfig) -> list[tuple[str, MoeRunnerConfig]
     Every activation and every routing method other than the config's, with
     parameters (:data:`~moe_core.config.EXAMPLE_ACTIVATIONS`,
     :func:`~moe_core.config.example_routings`: a new one is checked without
-    an edit here), a routed scaling factor other than the config's, and
+    an edit here), a routed scaling factor other than the config's, expert
+    biases where the config has none (and none where it has some), and
     expert parallelism (the last half of the experts local) where all experts
     are local. A value the config's own validation refuses for these sizes
     is left out.
@@ -115,6 +118,8 @@ def config_variants(config: MoeRunnerConfig) -> list[tuple[str, MoeRunnerConfig]
         *((f"routing={r.value}", functools.partial(attrs.evolve, config, routing_method=r))
           for r in example_routings(config.num_experts, config.top_k) if r != config.routing_method),
         (f"routed_scaling_factor={factor:g}", functools.partial(attrs.evolve, config, routed_scaling_factor=factor)),
+        (f"expert_biases={not config.expert_biases}",
+         functools.partial(attrs.evolve, config, expert_biases=not config.expert_biases)),
     ]
     if config.num_local_experts == config.num_experts > 1:
         local = config.num_experts // 2
@@ -138,8 +143,9 @@ def _variant_layer(
     """The run's layer and first tokens as ``variant`` sees them, or why there is none.
 
     Its local experts' weights (w13's gate half alone for a non-gated
-    activation) and the batch routed again by ``variant``'s method from the
-    run's router logits.
+    activation; biases as the variant says: the run's, none, or random ones
+    from the run's seed) and the batch routed again by ``variant``'s method
+    from the run's router logits.
     """
     config, source, dispatch = run.config, run.source, run.dispatch
     first = variant.local_expert_offset - config.local_expert_offset
@@ -149,6 +155,10 @@ def _variant_layer(
     w13 = source.w13[experts]
     if not variant.activation.gated:
         w13 = w13[:, : variant.intermediate_size_per_partition]
+    biases = None
+    if variant.expert_biases:
+        biases = _random_biases(run, source.w13.shape[0]) if source.biases is None else source.biases
+        biases = ExpertBiases(w13=biases.w13[experts, : w13.shape[1]], w2=biases.w2[experts])
     tokens = min(VARIANT_TOKENS, dispatch.topk.num_tokens)
     logits = dispatch.topk.router_logits
     if logits is None:
@@ -157,7 +167,19 @@ def _variant_layer(
         topk = TopKOutput(dispatch.topk.topk_ids[:tokens], dispatch.topk.topk_weights[:tokens], num_experts=variant.num_experts)
     else:
         topk = select_experts(logits[:tokens], variant, score_correction_bias=None)
-    return DenseMoeWeights(w13=w13, w2=source.w2[experts]), StandardDispatchOutput(dispatch.hidden_states[:tokens], topk)
+    weights = DenseMoeWeights(w13=w13, w2=source.w2[experts], biases=biases)
+    return weights, StandardDispatchOutput(dispatch.hidden_states[:tokens], topk)
+
+
+def _random_biases(run: CheckRun, experts: int) -> ExpertBiases:
+    """Biases for every expert of the run's layer (N(0, 0.25), as large as the GEMMs' outputs' spread), from its seed."""
+    gen = torch.Generator().manual_seed(run.seed)
+    rows, hidden = run.source.w13.shape[1], run.config.hidden_size
+    device = run.source.w13.device
+    return ExpertBiases(
+        w13=(torch.randn(experts, rows, generator=gen) * 0.5).to(device),
+        w2=(torch.randn(experts, hidden, generator=gen) * 0.5).to(device),
+    )
 
 
 def oracle_tolerance(dtype: torch.dtype) -> float:
@@ -263,6 +285,8 @@ class CheckRun:
     min_calls: int
     progress: Callable[[str], None]
     """Where progress lines go (stderr in the CLI)."""
+    seed: int = attrs.field(default=0, kw_only=True)
+    """The run's seed (the CLI's ``--seed``): the expert-bias variant draws its biases from it."""
 
 
 @final
@@ -279,6 +303,8 @@ class FormatCheck(Generic[W]):
     independent_name: str
     refusal: Callable[[MoeRunnerConfig], str | None] = lambda config: None
     """Why the format cannot hold a layer of this config's sizes, or ``None`` (most formats hold any)."""
+    holds_biases: bool = attrs.field(default=False, kw_only=True)
+    """The format's weights carry per-expert biases (dense, MXFP4): its expert-bias variant runs."""
 
     def rows(self, run: CheckRun) -> list[CheckRow]:
         """Rows for weights of this format built from the run's random float32 layer (see :meth:`rows_for`).
@@ -315,13 +341,16 @@ class FormatCheck(Generic[W]):
         refusal = self.refusal(variant)
         if refusal is not None:
             return skipped(refusal)
+        if variant.expert_biases and not self.holds_biases:
+            return skipped(f"the {self.format.name} weights hold no expert biases")
         layer = _variant_layer(run, variant)
         if isinstance(layer, str):
             return skipped(layer)
         source, dispatch = layer
         config = run.config
         same_experts = (variant.num_local_experts, variant.local_expert_offset) == (config.num_local_experts, config.local_expert_offset)
-        if weights is None or not same_experts or variant.activation.gated != config.activation.gated:
+        rebuild = variant.activation.gated != config.activation.gated or variant.expert_biases != config.expert_biases
+        if weights is None or not same_experts or rebuild:
             try:
                 weights = self.build(variant, source, dispatch)
             except (TypeError, ValueError) as error:
@@ -450,7 +479,9 @@ def _w4a16_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, we
 
 
 def _mxfp4_weights(config: MoeRunnerConfig, source: DenseMoeWeights, dispatch: StandardDispatchOutput) -> Mxfp4MoeWeights:
-    return Mxfp4MoeWeights(w13=Mxfp4ExpertWeights.quantize(source.w13), w2=Mxfp4ExpertWeights.quantize(source.w2))
+    return Mxfp4MoeWeights(
+        w13=Mxfp4ExpertWeights.quantize(source.w13), w2=Mxfp4ExpertWeights.quantize(source.w2), biases=source.biases
+    )
 
 
 def _mxfp4_float64(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, weights: Mxfp4MoeWeights) -> torch.Tensor:
@@ -465,7 +496,7 @@ def _mxfp4_size_refusal(config: MoeRunnerConfig) -> str | None:
 
 
 FORMAT_CHECKS: tuple[_Check, ...] = (
-    FormatCheck(DENSE, REFERENCE_DENSE, _dense_weights, _dense_float64, "float64 MoE"),
+    FormatCheck(DENSE, REFERENCE_DENSE, _dense_weights, _dense_float64, "float64 MoE", holds_biases=True),
     FormatCheck(NVFP4, REFERENCE_NVFP4, quantize_nvfp4_layer, _nvfp4_float64, "float64 W4A4 MoE"),
     FormatCheck(
         NVFP4_PER_EXPERT, REFERENCE_NVFP4_PER_EXPERT, quantize_nvfp4_per_expert_layer, _nvfp4_per_expert_float64,
@@ -480,7 +511,10 @@ FORMAT_CHECKS: tuple[_Check, ...] = (
         FP8_BLOCK_SCALED, REFERENCE_FP8_BLOCK, quantize_fp8_block_layer, _fp8_block_float64, "float64 W8A8 1x128-group MoE",
         lambda config: fp8_block_size_refusal(config.hidden_size, config.intermediate_size_per_partition),
     ),
-    FormatCheck(MXFP4, REFERENCE_MXFP4, _mxfp4_weights, _mxfp4_float64, "float64 MoE, dequantized", _mxfp4_size_refusal),
+    FormatCheck(
+        MXFP4, REFERENCE_MXFP4, _mxfp4_weights, _mxfp4_float64, "float64 MoE, dequantized", _mxfp4_size_refusal,
+        holds_biases=True,
+    ),
 )
 """The formats ``moe-core check`` knows how to check; a new format adds one entry."""
 

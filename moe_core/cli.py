@@ -333,7 +333,7 @@ def _check(args: argparse.Namespace, plugin_errors: dict[str, str]) -> int:
     source, dispatch = random_dense_layer(config, args.tokens, _dtype(args.dtype), args.device, args.seed)
     backends = registered_backends()
     rows: list[CheckRow] = []
-    run = CheckRun(config, source, dispatch, backends, args.tolerance, args.iters, _progress)
+    run = CheckRun(config, source, dispatch, backends, args.tolerance, args.iters, _progress, seed=args.seed)
     for check in FORMAT_CHECKS:
         rows += check.rows(run)
     rows += unchecked_formats(backends)
@@ -379,7 +379,7 @@ def _check_checkpoint(args: argparse.Namespace, plugin_errors: dict[str, str]) -
     else:
         print(f"moe-core check: cannot dequantize {type(weights).__name__}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    run = CheckRun(config, source, dispatch, registered_backends(), args.tolerance, args.iters, _progress)
+    run = CheckRun(config, source, dispatch, registered_backends(), args.tolerance, args.iters, _progress, seed=args.seed)
     rows = checks[0].rows_for(run, weights, dequantized, "float64 MoE, dequantized weights, no activation quantization")
     rows += _plugin_rows(plugin_errors)
     print(

@@ -42,8 +42,10 @@ def test_variants_cover_every_activation_and_routing_a_scaling_factor_and_expert
     assert variants[f"routed_scaling_factor={VARIANT_SCALING_FACTOR:g}"].routed_scaling_factor == VARIANT_SCALING_FACTOR
     parallel = variants["local_experts=4-7/8"]
     assert (parallel.num_local_experts, parallel.local_expert_offset) == (4, 4)
+    assert variants["expert_biases=True"].expert_biases
     for variant in variants.values():  # one field at a time
-        changed = [name for name in ("activation", "routing_method", "routed_scaling_factor", "num_local_experts")
+        changed = [name for name in ("activation", "routing_method", "routed_scaling_factor", "num_local_experts",
+                                     "expert_biases")
                    if getattr(variant, name) != getattr(config, name)]
         assert len(changed) == 1
 
@@ -61,7 +63,7 @@ def test_a_backend_that_ignores_the_activation_the_routing_or_the_scaling_factor
     assert main(["check", *SMALL]) == 1
     out = capsys.readouterr().out
     rows = table_rows(out)
-    for plugin in ("ignores-activation", "ignores-limits", "ignores-scaling-factor", "ignores-routing"):
+    for plugin in ("ignores-activation", "ignores-limits", "ignores-scaling-factor", "ignores-biases", "ignores-routing"):
         assert rows[f"dense {plugin}"][-1] == "ok", "on the default config it computes the right thing"
     for activation in set(EXAMPLE_ACTIVATIONS) - {Activation.SILU_GATED}:
         verdict = rows[f"dense[activation={activation.value}] ignores-activation"][-1]
@@ -80,6 +82,10 @@ def test_a_backend_that_ignores_the_activation_the_routing_or_the_scaling_factor
             assert verdict.startswith("FAILED: error above"), verdict
         else:
             assert verdict == "ok", (routing, verdict)
+    assert rows["dense[expert_biases=True] ignores-biases"][-1].startswith("FAILED: error above")
+    assert rows["dense[expert_biases=True] ignores-scaling-factor"][-1] == "ok"
+    assert rows["dense[expert_biases=True] reference-dense"][-1] == "ok", "the oracle adds the biases, as float64 does"
+    assert rows["fp8[expert_biases=True] reference-fp8"][-1] == "skipped: the fp8 weights hold no expert biases"
     scaled = f"dense[routed_scaling_factor={VARIANT_SCALING_FACTOR:g}]"
     assert rows[f"{scaled} ignores-scaling-factor"][-1].startswith("FAILED: error above")
     assert rows[f"{scaled} ignores-activation"][-1] == "ok"

@@ -1,9 +1,10 @@
 """A plugin that claims every config yet computes only the default one, for the tests of ``moe-core check``'s variants.
 
-Importing this module registers four dense backends: one that always
+Importing this module registers five dense backends: one that always
 computes gated SiLU, whatever the config's activation, one that computes the
 config's activation without its limits (the clamped and limited SwiGLUs),
-one that drops the routed scaling factor, and one that weights every
+one that drops the routed scaling factor, one that drops the experts'
+biases, and one that weights every
 expert's output by its top-k weight whatever the routing method (Llama 4's
 weights scale the expert's input). All answer ``supports`` with ok for any
 layer.
@@ -69,6 +70,17 @@ class UnscaledRunner:
 
 
 @attrs.frozen
+class UnbiasedRunner:
+    """The dense reference, with the experts' biases dropped."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        unbiased = attrs.evolve(self.config, expert_biases=False)
+        return REFERENCE_DENSE.factory(unbiased).run(dispatch, DenseMoeWeights(w13=quant_info.w13, w2=quant_info.w2))
+
+
+@attrs.frozen
 class OutputWeightingRunner:
     """The dense reference, with the routing method taken as one that weights the experts' outputs."""
 
@@ -101,6 +113,14 @@ register_backend(
     "ignores-scaling-factor",
     description="claims every routed scaling factor, applies none",
     factory=UnscaledRunner,
+    supports=reference_supports,
+    priority=ORACLE,
+    conversions=[Conversion(DENSE, _as_is)],
+)
+register_backend(
+    "ignores-biases",
+    description="claims expert biases, adds none",
+    factory=UnbiasedRunner,
     supports=reference_supports,
     priority=ORACLE,
     conversions=[Conversion(DENSE, _as_is)],
