@@ -13,7 +13,7 @@ from moe_core._checks import (
     require_ids_in_range,
     values_readable,
 )
-from moe_core.config import MoeRunnerConfig, RoutedWeights
+from moe_core.config import GroupedTopK, Llama4Sigmoid, MoeRunnerConfig, RoutedWeights, RoutingMethod, Scoring, SigmoidTopK
 from moe_core.dispatch import DispatchFormat, DispatchOutput
 
 
@@ -121,7 +121,9 @@ def check_run_values(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:
     built with ``check_values``, the weights what the config's routing method
     gives (:class:`~moe_core.config.RoutedWeights`: weights already
     multiplied by ``routed_scaling_factor``, or not renormalized, are
-    refused). Reads the values back (device synchronizations; skipped on meta
+    refused where they break its bound; where the top-k carries its router
+    logits, wherever they differ from the method's weights of those logits
+    for its ids). Reads the values back (device synchronizations; skipped on meta
     and during CUDA graph capture): for reference and debugging runners, and
     for every bound runner whose top-k checks its values.
     """
@@ -132,6 +134,8 @@ def check_run_values(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:
     require_finite("hidden_states", dispatch.hidden_states)
     if topk.check_values:
         _require_routed_weights(topk.topk_weights, config)
+        if topk.router_logits is not None:
+            _require_weights_of_logits(topk.topk_weights, topk.topk_ids, topk.router_logits, config)
 
 
 ROUTED_WEIGHTS_SLACK = 1e-2
@@ -184,4 +188,50 @@ def _require_routed_weights(weights: torch.Tensor, config: MoeRunnerConfig) -> N
         raise ValueError(
             f"topk_weights: {method.value} routing gives weights where {bound.value}, but {found}{scaling} "
             f"(build the top-k with moe_core.select_experts, or check_values=False to skip the value checks)"
+        )
+
+
+def _method_weights(logits: torch.Tensor, ids: torch.Tensor, config: MoeRunnerConfig) -> torch.Tensor | None:
+    """The weights the config's routing method gives experts ``ids [T, K]`` of ``logits [T, E]`` (float32), as
+    :func:`~moe_core.routing.select_experts` computes them; None for sparsemixer, whose weights depend on the
+    other logits' thresholds."""
+    method = config.routing_method
+    if method is RoutingMethod.SOFTMAX_TOPK:
+        return logits.softmax(dim=-1).gather(1, ids)
+    if method is RoutingMethod.TOPK_RENORMALIZE:
+        return logits.gather(1, ids).softmax(dim=-1)
+    if isinstance(method, (SigmoidTopK, Llama4Sigmoid)):
+        weights = logits.gather(1, ids).sigmoid()
+        return weights / weights.sum(dim=-1, keepdim=True) if isinstance(method, SigmoidTopK) and method.renormalize else weights
+    if isinstance(method, GroupedTopK):
+        scores = logits.softmax(dim=-1) if method.scoring is Scoring.SOFTMAX else logits.sigmoid()
+        weights = scores.gather(1, ids)
+        if not method.renormalize:
+            return weights
+        total = weights.sum(dim=-1, keepdim=True)
+        return weights / (total + 1e-20 if method.sum_floor is None else total.clamp(min=method.sum_floor))
+    return None
+
+
+def _require_weights_of_logits(
+    weights: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor, config: MoeRunnerConfig
+) -> None:
+    """Raise ``ValueError`` unless ``weights`` are what the routing method gives the top-k's ids of its own router
+    logits (within :data:`ROUTED_WEIGHTS_SLACK`): weights scaled by ``routed_scaling_factor`` inside the bound
+    (softmax weights x 2 that stay below 1) are caught here."""
+    if not (values_readable(weights) and values_readable(logits)) or not weights.numel():
+        return
+    expected = _method_weights(logits.float(), ids.long(), config)
+    if expected is None:
+        return
+    off = (weights - expected.to(weights.device)).abs()
+    if float(off.max()) > ROUTED_WEIGHTS_SLACK:
+        token, slot = divmod(int(off.argmax()), weights.shape[1])
+        got, want = float(weights[token, slot]), float(expected[token, slot])
+        ratio = f" ({got / want:.4g} times it)" if want > 0 else ""
+        raise ValueError(
+            f"topk_weights: {config.routing_method.value} routing of the top-k's own router_logits gives token {token}'s "
+            f"expert {int(ids[token, slot])} the weight {want:.4g}, got {got:.4g}{ratio} (weights already multiplied by "
+            "routed_scaling_factor, which the runner applies, or routed by another method? build the top-k with "
+            "moe_core.select_experts, or check_values=False to skip the value checks)"
         )
