@@ -21,7 +21,7 @@ they cost speed, not correctness.
 
 The driver is this module run from the repository root: ``python -m
 tests.test_triton_sm90_compile`` prints one JSON line per variant (add
-``--list`` to record without compiling). 84 variants compile in about 30 s
+``--list`` to record without compiling). 97 variants compile in about 60 s
 on two cores with Triton's cache cold (most of that is ``ptxas``); a warm
 cache (``~/.triton/cache``) makes a rerun a few seconds.
 """
@@ -329,17 +329,48 @@ def scenarios() -> Iterator[tuple[str, Callable[[], object]]]:
         yield f"fp8 static {limited.value} T=4096", forward("fp8", MIXTRAL, 4096, bf16, limited, static=True)
     yield "mxfp4-w4a16 one-block K tiles T=1", forward("mxfp4", MXFP4_ODD, 1, bf16, clamped, True)
     yield "mxfp4-w4a16 K tail (64-wide tiles) T=1", _with_block_k(64, forward("mxfp4", MXFP4_ODD, 1, bf16, clamped, True))
+    yield from _routing_scenarios()
+
+
+def _routing_scenarios() -> Iterator[tuple[str, Callable[[], object]]]:
+    """The fused routing kernel's launches: DeepSeek-V3's grouped top-k (with its correction bias) and Qwen3's
+    top-k softmax, from bf16 and float32 logits, for decode and prefill; a grouped softmax scoring by each group's
+    best with a sum floor and no bias, over a number of experts that is not a power of two."""
+    from moe_core import GroupedTopK, GroupScore, MoeRunnerConfig, Routing, RoutingMethod, Scoring
+    from moe_core.backends.triton.routing import fused_select_experts
+
+    def route(method: Routing, experts: int, top_k: int, tokens: int, dtype: torch.dtype,
+              bias: bool) -> Callable[[], object]:
+        def run() -> object:
+            config = MoeRunnerConfig(num_experts=experts, hidden_size=7168, intermediate_size_per_partition=2048,
+                                     top_k=top_k, routing_method=method)
+            logits = torch.empty(tokens, experts, dtype=dtype, device=META)
+            correction = torch.empty(experts, device=META) if bias else None
+            return fused_select_experts(logits, config, score_correction_bias=correction)
+
+        return run
+
+    deepseek = GroupedTopK(n_group=8, topk_group=4, renormalize=True)
+    for tokens in TOKENS:
+        for dtype in (torch.bfloat16, torch.float32):
+            name = str(dtype).removeprefix("torch.")
+            yield f"routing grouped_topk DeepSeek-V3 {name} T={tokens}", route(deepseek, 256, 8, tokens, dtype, True)
+            yield (f"routing topk_renormalize Qwen3 {name} T={tokens}",
+                   route(RoutingMethod.TOPK_RENORMALIZE, 128, 8, tokens, dtype, False))
+    floored = GroupedTopK(n_group=8, topk_group=4, renormalize=True, scoring=Scoring.SOFTMAX,
+                          group_score=GroupScore.MAX, sum_floor=0.5)
+    yield "routing grouped_topk_softmax_group_max sum_floor E=160 T=1", route(floored, 160, 6, 1, torch.bfloat16, False)
 
 
 def record() -> dict[str, tuple[Launch, list[str]]]:
     """Every distinct launch of every scenario, with the scenarios that made it."""
-    from moe_core.backends.triton import interpreted, plans, quantize, sorting
+    from moe_core.backends.triton import interpreted, plans, quantize, routing, sorting
     from moe_core.backends.triton import launch as launching
 
     if interpreted():
         raise RuntimeError("TRITON_INTERPRET is set: the kernels would be interpreted functions, which do not compile")
     launches: list[Launch] = []
-    _record_kernels([launching, sorting, quantize], launches)
+    _record_kernels([launching, sorting, quantize, routing], launches)
     plans._device_name = lambda device: "NVIDIA H200"  # type: ignore[assignment]  # the tuned tables' device
     distinct: dict[str, tuple[Launch, list[str]]] = {}
     for name, forward in scenarios():
@@ -401,7 +432,7 @@ def test_every_launched_variant_compiles_for_sm90() -> None:
     assert kernels >= {
         "moe_gemm_kernel", "combine_kernel", "dequantize_nvfp4_kernel", "dequantize_mxfp4_kernel",
         "sort_one_program_kernel", "count_kernel",
-        "scan_kernel", "scatter_kernel", "quantize_rows_kernel", "quantize_groups_kernel",
+        "scan_kernel", "scatter_kernel", "quantize_rows_kernel", "quantize_groups_kernel", "routing_kernel",
     }, kernels
     gemms = [line["kernel"] for line in lines if line["kernel"].startswith("moe_gemm_kernel")]
     for flags in ("BIAS=True", "RELU2=True", "ACTIVATION=3", "ACTIVATION=1", "ACTIVATION=2", "NVFP4=True",

@@ -574,3 +574,109 @@ def combine_kernel(
         row = tl.load(c_ptr + (token * top_k + k) * stride_cm + cols, mask=col_ok & local, other=0.0)
         acc += row.to(tl.float32)
     tl.store(out_ptr + token * stride_om + cols, (acc * scaling).to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+SOFTMAX_SCORES = 0
+SIGMOID_SCORES = 1
+EXP_SCORES = 2
+"""How :func:`routing_kernel` turns each logit into the score it weights with (``SCORES``): a softmax over all
+experts, a sigmoid, or ``exp(logit - max)`` (renormalized over the picked, that is the softmax of the top-k logits)."""
+
+
+@triton.jit
+def _exp(x, LIBDEVICE: tl.constexpr):
+    """``exp(x)``: compiled, libdevice's ``expf`` (within 2 ulp, as torch's kernels), since ``tl.exp`` lowers to
+    ``ex2.approx`` of ``x * log2(e)``, whose rounding grows with ``|x|``; the interpreter has no libdevice (numpy's
+    exp there)."""
+    if LIBDEVICE:
+        return tl.extra.cuda.libdevice.exp(x)
+    return tl.exp(x)
+
+
+@triton.jit
+def _row_max(x):
+    """The max of each row of ``x [rows, a, b]``, as ``[rows]``."""
+    return tl.max(tl.max(x, axis=2), axis=1)
+
+
+@triton.jit
+def _best(key, ids, candidate, NONE: tl.constexpr):
+    """Per row of ``key [rows, a, b]``: the id of the largest ``key`` among ``candidate``, the lowest id among equal
+    keys (NaN counts as -inf, so a row with a candidate always finds one)."""
+    key = tl.where(candidate & (key == key), key, float("-inf"))
+    best = _row_max(key)[:, None, None]
+    return tl.min(tl.min(tl.where(candidate & (key == best), ids, NONE), axis=2), axis=1)
+
+
+@triton.jit
+def routing_kernel(
+    logits_ptr, bias_ptr, ids_ptr, weights_ptr, num_tokens, stride_lt, stride_le, stride_b, n_group, per_group, eps,
+    floor, TOP_K: tl.constexpr, SCORES: tl.constexpr, GROUPED: tl.constexpr, TOPK_GROUP: tl.constexpr,
+    GROUP_MAX: tl.constexpr, BIAS: tl.constexpr, RENORMALIZE: tl.constexpr, LIBDEVICE: tl.constexpr,
+    ROWS: tl.constexpr, GROUPS: tl.constexpr, PER_GROUP: tl.constexpr, K_PAD: tl.constexpr,
+):
+    """``ROWS`` tokens' top-k ids and float32 weights from their logits, as :func:`moe_core.select_experts` computes
+    them.
+
+    The rows sit in registers as ``[ROWS, GROUPS, PER_GROUP]`` (expert
+    ``g * per_group + j``; one group of all experts unless ``GROUPED``).
+    Ungrouped, the top-k logits are picked (every score is increasing in the
+    logit); ``GROUPED``, the scores (plus the correction bias where ``BIAS``)
+    choose: each group scores its best (``GROUP_MAX``) or its two best summed,
+    the ``TOPK_GROUP`` best groups stay and the top-k of their experts are
+    picked. Each pick is an arg-max over the experts not yet picked, so a
+    row's ids come in decreasing order of what chose them, and equal keys go
+    to the lower id. The weights are the picked scores, divided by
+    ``max(sum + eps, floor)`` where ``RENORMALIZE``; divisions are IEEE
+    (``div_rn``) as torch's.
+    """
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = row < num_tokens
+    group = tl.arange(0, GROUPS)[None, :, None]
+    column = tl.arange(0, PER_GROUP)[None, None, :]
+    expert = group * per_group + column
+    valid = (group < n_group) & (column < per_group)
+    offsets = row.to(tl.int64)[:, None, None] * stride_lt + expert * stride_le
+    logits = tl.load(logits_ptr + offsets, mask=row_ok[:, None, None] & valid, other=0.0).to(tl.float32)
+    logits = tl.where(valid, logits, float("-inf"))  # rows past the last stay finite
+    if SCORES == 1:
+        scores = tl.math.div_rn(tl.full(logits.shape, 1.0, tl.float32), 1.0 + _exp(-logits, LIBDEVICE))
+    else:
+        scores = _exp(logits - _row_max(logits)[:, None, None], LIBDEVICE)
+        if SCORES == 0:
+            total = tl.sum(tl.sum(scores, axis=2), axis=1)[:, None, None]
+            scores = tl.math.div_rn(scores, tl.broadcast_to(total, scores.shape))
+    candidate = tl.broadcast_to(valid, logits.shape)
+    if GROUPED:
+        key = scores
+        if BIAS:
+            key += tl.load(bias_ptr + expert * stride_b, mask=valid, other=0.0).to(tl.float32)
+        key = tl.where(valid, key, float("-inf"))
+        best = tl.max(key, axis=2)
+        if GROUP_MAX:
+            group_scores = best
+        else:
+            first = tl.min(tl.where(key == best[:, :, None], column, PER_GROUP), axis=2)
+            group_scores = best + tl.max(tl.where(column == first[:, :, None], float("-inf"), key), axis=2)
+        group_scores = group_scores[:, :, None]
+        kept = tl.zeros(group_scores.shape, tl.int1)
+        for _ in tl.static_range(TOPK_GROUP):
+            kept |= group == _best(group_scores, group, (group < n_group) & ~kept, GROUPS)[:, None, None]
+        candidate &= kept  # dropped groups' experts are never picked
+    else:
+        key = logits
+    slots = tl.arange(0, K_PAD)[None, :]
+    ids = tl.zeros((ROWS, K_PAD), tl.int32)
+    weights = tl.zeros((ROWS, K_PAD), tl.float32)
+    for slot in tl.static_range(TOP_K):
+        picked = _best(key, expert, candidate, GROUPS * PER_GROUP)
+        hit = expert == picked[:, None, None]
+        ids = tl.where(slots == slot, picked[:, None], ids)
+        weights = tl.where(slots == slot, _row_max(tl.where(hit, scores, float("-inf")))[:, None], weights)
+        candidate &= ~hit
+    if RENORMALIZE:
+        total = tl.maximum(tl.sum(weights, axis=1) + eps, floor)[:, None]
+        weights = tl.math.div_rn(weights, tl.broadcast_to(total, weights.shape))
+    out = row.to(tl.int64)[:, None] * TOP_K + slots
+    tl.store(ids_ptr + out, ids, mask=row_ok[:, None] & (slots < TOP_K))
+    tl.store(weights_ptr + out, weights, mask=row_ok[:, None] & (slots < TOP_K))

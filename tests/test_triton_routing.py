@@ -1,0 +1,226 @@
+"""The fused Triton routing kernel against :func:`~moe_core.select_experts` (its float32 reference), and its refusals.
+
+On the CPU the kernel runs under Triton's interpreter (``TRITON_INTERPRET=1``,
+set in ``conftest.py``) at small shapes; on a CUDA device, compiled, at real
+ones (DeepSeek-V3's 256 experts at T=4096 among them).
+
+The ids of each row must be the reference's as a set (the kernel orders them
+by its own arg-max passes). Each id's weight must match within ``rtol=1e-6``,
+no ``atol``: both compute the same float32 expressions, but exp (numpy's
+under the interpreter, libdevice's compiled, against torch's) may differ by
+an ulp or two, and the sums over the experts (softmax) and over the k picked
+(renormalization) are taken in another order, a few more ulps of 1.2e-7 at
+most (seen on the CPU: 2.8e-7).
+
+Logits have no ties, where torch.topk's order among equal scores would
+decide: float32 logits are drawn from a normal, bf16 ones without
+replacement from the bf16 numbers of magnitude in [1/16, 4) (a normal
+rounded to bf16 ties often).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import pytest
+import torch
+
+from moe_core import (
+    GroupedTopK,
+    GroupScore,
+    Llama4Sigmoid,
+    MoeRunnerConfig,
+    Routing,
+    RoutingMethod,
+    Scoring,
+    SigmoidTopK,
+    SparseMixer,
+    TopKOutput,
+    select_experts,
+)
+from moe_core.backends.triton.routing import MAX_TOP_K, fused_routing_refusal, fused_select_experts
+from moe_core.config import example_routings
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+RTOL = 1e-6
+DTYPES = [torch.float32, torch.bfloat16]
+
+SMALL = [
+    # (tokens, experts, top_k): example_routings' grouped top-k has 8 groups (4 kept) but for 8 experts (4, 2 kept)
+    (37, 8, 2),
+    (37, 64, 6),
+    (2, 256, 8),
+    (1, 128, 8),
+    (2, 160, 8),
+]
+REAL = [
+    (1, 8, 2),
+    (37, 64, 6),
+    (1, 256, 8),
+    (4096, 256, 8),
+    (37, 128, 8),
+    (1000, 160, 8),
+]
+SHAPES = REAL if CUDA else SMALL
+COMBINATIONS_SHAPE = (4096, 256, 8, 8, 4) if CUDA else (9, 16, 3, 4, 2)
+"""(tokens, experts, top_k, groups, kept groups) of the test of every grouped top-k."""
+
+
+def shape_id(shape: tuple[int, ...]) -> str:
+    """A shape's test id."""
+    return "T{}-E{}-k{}".format(*shape)
+
+
+def random_logits(gen: torch.Generator, tokens: int, experts: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[tokens, experts]`` logits without ties in a row, on the test's device (see the module docstring)."""
+    if dtype == torch.float32:
+        return torch.randn(tokens, experts, generator=gen).to(DEVICE)
+    # the bf16 bit patterns from 1/16 (0x3D80) up to 4 (0x4080), and their negatives
+    pool = torch.arange(0x3D80, 0x4080, dtype=torch.int16).view(torch.bfloat16)
+    pool = torch.cat((pool, -pool))
+    picks = torch.rand(tokens, pool.numel(), generator=gen).argsort(dim=1)[:, :experts]
+    return pool[picks].to(dtype).to(DEVICE)
+
+
+def random_bias(gen: torch.Generator, method: GroupedTopK, experts: int) -> torch.Tensor:
+    """A correction bias on the scale of the scores' spread (sigmoid: about 0.2, softmax: about 1 / experts), so it
+    moves the choice."""
+    scale = 0.1 if method.scoring is Scoring.SIGMOID else 1.0 / experts
+    return (torch.randn(experts, generator=gen) * scale).to(DEVICE)
+
+
+def layer(method: Routing, experts: int, top_k: int) -> MoeRunnerConfig:
+    """A layer of ``experts`` routed by ``method`` (its sizes other than the routing's do not matter here)."""
+    return MoeRunnerConfig(num_experts=experts, hidden_size=64, intermediate_size_per_partition=32, top_k=top_k,
+                           routing_method=method)
+
+
+def fused_routings(experts: int, top_k: int) -> list[Routing]:
+    """Every method of :func:`example_routings` the kernel fuses (all but sparsemixer)."""
+    return [method for method in example_routings(experts, top_k) if not isinstance(method, SparseMixer)]
+
+
+def with_median_floor(logits: torch.Tensor, method: GroupedTopK, top_k: int, bias: torch.Tensor | None) -> GroupedTopK:
+    """``method`` renormalized with a ``sum_floor`` at the median of the rows' sums, so that it binds on some."""
+    raw = attrs.evolve(method, renormalize=False, sum_floor=None)
+    sums = select_experts(logits, layer(raw, logits.shape[1], top_k), score_correction_bias=bias).topk_weights.sum(dim=1)
+    return attrs.evolve(method, renormalize=True, sum_floor=float(sums.median()))
+
+
+def assert_routes_as_select_experts(
+    logits: torch.Tensor, config: MoeRunnerConfig, bias: torch.Tensor | None
+) -> TopKOutput:
+    """The fused top-k of ``logits`` has select_experts' ids per row (as sets) and weights per id; returns it."""
+    expected = select_experts(logits, config, score_correction_bias=bias)
+    fused = fused_select_experts(logits, config, score_correction_bias=bias)
+    shape = (logits.shape[0], config.top_k)
+    assert fused.topk_ids.dtype == torch.int32 and fused.topk_weights.dtype == torch.float32
+    assert tuple(fused.topk_ids.shape) == tuple(fused.topk_weights.shape) == shape
+    assert fused.router_logits is logits and fused.from_router_logits and fused.num_experts == config.num_experts
+    TopKOutput(fused.topk_ids, fused.topk_weights, num_experts=config.num_experts)  # in range, distinct, finite >= 0
+    ids, order = fused.topk_ids.sort(dim=1)
+    expected_ids, expected_order = expected.topk_ids.sort(dim=1)
+    differ = (ids != expected_ids).any(dim=1).nonzero()
+    name = config.routing_method.value
+    assert not differ.numel(), f"{name}: row {int(differ[0, 0])} picks {ids[differ[0, 0]].tolist()}, " \
+                               f"select_experts {expected_ids[differ[0, 0]].tolist()}"
+    torch.testing.assert_close(fused.topk_weights.gather(1, order), expected.topk_weights.gather(1, expected_order),
+                               rtol=RTOL, atol=0, msg=lambda text: f"{name}: {text}")
+    return fused
+
+
+MINIMAX_M2 = GroupedTopK(n_group=1, topk_group=1, renormalize=True)
+"""Sigmoid scores chosen with a correction bias, one group (MiniMax-M2, AFMoE, LFM2)."""
+ERNIE = GroupedTopK(n_group=1, topk_group=1, renormalize=True, scoring=Scoring.SOFTMAX)
+"""Softmax scores chosen with a correction bias, one group; ERNIE 4.5 floors the sum (``moe_norm_min``)."""
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_every_method_routes_as_select_experts(gen: torch.Generator, shape: tuple[int, int, int],
+                                               dtype: torch.dtype) -> None:
+    tokens, experts, top_k = shape
+    logits = random_logits(gen, tokens, experts, dtype)
+    methods = fused_routings(experts, top_k)
+    assert {type(method) for method in methods} == {RoutingMethod, SigmoidTopK, GroupedTopK, Llama4Sigmoid}
+    for method in [*methods, MINIMAX_M2]:
+        config = layer(method, experts, top_k)
+        if isinstance(method, GroupedTopK):
+            assert_routes_as_select_experts(logits, config, random_bias(gen, method, experts))
+            assert_routes_as_select_experts(logits, config, None)
+        else:
+            assert_routes_as_select_experts(logits, config, None)
+    bias = random_bias(gen, ERNIE, experts)
+    assert_routes_as_select_experts(logits, layer(with_median_floor(logits, ERNIE, top_k, bias), experts, top_k), bias)
+
+
+@pytest.mark.parametrize("renormalize", ["no", "sum", "sum_floor"])
+@pytest.mark.parametrize("group_score", list(GroupScore), ids=lambda score: score.value)
+@pytest.mark.parametrize("scoring", list(Scoring), ids=lambda scoring: scoring.value)
+def test_every_grouped_top_k_routes_as_select_experts(
+    gen: torch.Generator, scoring: Scoring, group_score: GroupScore, renormalize: str
+) -> None:
+    tokens, experts, top_k, groups, kept = COMBINATIONS_SHAPE
+    per_group = experts // groups
+    grouped = GroupedTopK(n_group=groups, topk_group=kept, renormalize=renormalize != "no", scoring=scoring,
+                          group_score=group_score)
+    for dtype in DTYPES:
+        logits = random_logits(gen, tokens, experts, dtype)
+        for bias in (random_bias(gen, grouped, experts), None):
+            method = with_median_floor(logits, grouped, top_k, bias) if renormalize == "sum_floor" else grouped
+            fused = assert_routes_as_select_experts(logits, layer(method, experts, top_k), bias)
+            groups_used = [len(set(row)) for row in (fused.topk_ids // per_group).tolist()]
+            assert max(groups_used) <= kept  # dropped groups' experts are never picked
+
+
+GROUPED = GroupedTopK(n_group=4, topk_group=2, renormalize=True)
+
+
+def test_strided_logits_and_no_tokens(gen: torch.Generator) -> None:
+    """Logits are read through their strides (a transposed view here); zero tokens launch nothing."""
+    logits = random_logits(gen, 16, 5, torch.float32).t()
+    config = layer(GROUPED, 16, 3)
+    assert_routes_as_select_experts(logits, config, random_bias(gen, GROUPED, 16))
+    empty = fused_select_experts(logits[:0], config, score_correction_bias=None)
+    assert tuple(empty.topk_ids.shape) == tuple(empty.topk_weights.shape) == (0, 3)
+
+
+def test_refusals_name_sparsemixer_and_top_k() -> None:
+    mixer = layer(SparseMixer(jitter_eps=0.01), 8, 2)
+    reason = fused_routing_refusal(mixer)
+    assert reason is not None and "sparsemixer" in reason and "select_experts" in reason
+    logits = torch.zeros(2, 8, device=DEVICE)  # refused before any value is read
+    with pytest.raises(ValueError, match="fused_select_experts: sparsemixer routing is not fused"):
+        fused_select_experts(logits, mixer, score_correction_bias=None)
+    wide = layer(RoutingMethod.TOPK_RENORMALIZE, 32, MAX_TOP_K + 1)
+    reason = fused_routing_refusal(wide)
+    assert reason is not None and f"top_k={MAX_TOP_K + 1}" in reason and f"at most {MAX_TOP_K}" in reason
+    with pytest.raises(ValueError, match=f"top_k={MAX_TOP_K + 1}"):
+        fused_select_experts(torch.zeros(2, 32, device=DEVICE), wide, score_correction_bias=None)
+    for method in fused_routings(32, MAX_TOP_K):
+        assert fused_routing_refusal(layer(method, 32, MAX_TOP_K)) is None, method
+
+
+MISUSES: dict[str, tuple[Callable[[], Any], Routing, Any]] = {
+    "1-d logits": (lambda: torch.zeros(8), RoutingMethod.SOFTMAX_TOPK, None),
+    "wrong expert count": (lambda: torch.zeros(3, 7), RoutingMethod.SOFTMAX_TOPK, None),
+    "integer logits": (lambda: torch.zeros(3, 8, dtype=torch.int32), RoutingMethod.SOFTMAX_TOPK, None),
+    "logits not a tensor": (lambda: [[0.0] * 8], RoutingMethod.SOFTMAX_TOPK, None),
+    "bias without grouped routing": (lambda: torch.zeros(3, 8), SigmoidTopK(renormalize=True), torch.zeros(8)),
+    "bias of the wrong shape": (lambda: torch.zeros(3, 8), GROUPED, torch.zeros(9)),
+    "bias not a tensor": (lambda: torch.zeros(3, 8), GROUPED, [0.0] * 8),
+}
+
+
+@pytest.mark.parametrize("misuse", MISUSES)
+def test_misuses_are_refused_as_select_experts_refuses_them(misuse: str) -> None:
+    logits, method, bias = MISUSES[misuse]
+    config = layer(method, 8, 2)
+    with pytest.raises((TypeError, ValueError)) as expected:
+        select_experts(logits(), config, score_correction_bias=bias)
+    with pytest.raises(expected.type) as fused:
+        fused_select_experts(logits(), config, score_correction_bias=bias)
+    assert str(fused.value) == str(expected.value)
