@@ -121,9 +121,9 @@ def check_run_values(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:
     built with ``check_values``, the weights what the config's routing method
     gives (:class:`~moe_core.config.RoutedWeights`: weights already
     multiplied by ``routed_scaling_factor``, or not renormalized, are
-    refused where they break its bound; where the top-k carries its router
-    logits, wherever they differ from the method's weights of those logits
-    for its ids). Reads the values back (device synchronizations; skipped on meta
+    refused where they break its bound; where the top-k says it was routed
+    from the router logits it carries, ``from_router_logits``, wherever they
+    differ from the method's weights of those logits for its ids). Reads the values back (device synchronizations; skipped on meta
     and during CUDA graph capture): for reference and debugging runners, and
     for every bound runner whose top-k checks its values.
     """
@@ -134,7 +134,7 @@ def check_run_values(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:
     require_finite("hidden_states", dispatch.hidden_states)
     if topk.check_values:
         _require_routed_weights(topk.topk_weights, config)
-        if topk.router_logits is not None:
+        if topk.router_logits is not None and topk.from_router_logits:
             _require_weights_of_logits(topk.topk_weights, topk.topk_ids, topk.router_logits, config)
 
 
@@ -216,9 +216,11 @@ def _method_weights(logits: torch.Tensor, ids: torch.Tensor, config: MoeRunnerCo
 def _require_weights_of_logits(
     weights: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor, config: MoeRunnerConfig
 ) -> None:
-    """Raise ``ValueError`` unless ``weights`` are what the routing method gives the top-k's ids of its own router
-    logits (within :data:`ROUTED_WEIGHTS_SLACK`): weights scaled by ``routed_scaling_factor`` inside the bound
-    (softmax weights x 2 that stay below 1) are caught here."""
+    """Raise ``ValueError`` unless ``weights`` are what the routing method gives the top-k's ids of the router
+    logits it was routed from (within :data:`ROUTED_WEIGHTS_SLACK`): weights scaled by ``routed_scaling_factor``
+    inside the bound (softmax weights x 2 that stay below 1, a ``select_experts`` top-k edited with
+    ``attrs.evolve``) are caught here. A top-k edited after routing (an engine's expert remap, a capacity drop)
+    says so by ``from_router_logits=False`` and is not held to its logits."""
     if not (values_readable(weights) and values_readable(logits)) or not weights.numel():
         return
     expected = _method_weights(logits.float(), ids.long(), config)

@@ -324,12 +324,13 @@ def test_swapping_a_model_that_outputs_router_logits_is_refused() -> None:
      (GroupedTopK(n_group=4, topk_group=2, renormalize=True, sum_floor=1.0), 2, 0.5)],
     ids=["softmax_topk", "sigmoid_topk", "grouped_topk_floor"],
 )
-def test_weights_scaled_inside_their_bound_are_refused_where_the_top_k_carries_its_logits(
+def test_weights_scaled_inside_their_bound_are_refused_where_the_top_k_was_routed_from_its_logits(
     gen: torch.Generator, routing: object, top_k: int, factor: float
 ) -> None:
     """Softmax top-k weights x 2 (each token's sum still below 1) ran 1.0 off, sigmoid scores x 1.5 0.50: the
-    method's bound cannot tell them. A top-k that carries its router logits is held to the method's weights of
-    those logits for its ids; one without logits is not (its weights' bound is all there is to check)."""
+    method's bound cannot tell them. A top-k routed from the logits it carries (``select_experts``' own, or one
+    built saying ``from_router_logits=True``) is held to the method's weights of those logits for its ids; one
+    edited after routing, or without logits, is not (its weights' bound is all there is to check)."""
     config = _config(routing, top_k, routed_scaling_factor=2.0)
     logits = torch.randn(6, E, generator=gen) * 0.5 - 3.0  # flat softmaxes, small sigmoids: x factor stays in bound
     own = select_experts(logits, config, score_correction_bias=None)
@@ -337,6 +338,9 @@ def test_weights_scaled_inside_their_bound_are_refused_where_the_top_k_carries_i
     x = torch.randn(6, H, generator=gen)
     layer(StandardDispatchOutput(x, own))
     scaled = own.topk_weights * factor
-    with pytest.raises(ValueError, match=r"routing of the top-k's own router_logits gives token \d+'s expert \d+ the weight"):
-        layer(StandardDispatchOutput(x, TopKOutput(own.topk_ids, scaled, logits, num_experts=E)))
+    claimed = TopKOutput(own.topk_ids, scaled, logits, num_experts=E, from_router_logits=True)
+    for topk in (attrs.evolve(own, topk_weights=scaled), claimed):
+        with pytest.raises(ValueError, match=r"routing of the top-k's own router_logits gives token \d+'s expert \d+ the weight"):
+            layer(StandardDispatchOutput(x, topk))
+    layer(StandardDispatchOutput(x, TopKOutput(own.topk_ids, scaled, logits, num_experts=E)))  # edited: not seen
     layer(StandardDispatchOutput(x, TopKOutput(own.topk_ids, scaled, num_experts=E)))  # without logits: not seen
