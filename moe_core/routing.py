@@ -138,6 +138,29 @@ class Unset(enum.Enum):
     UNSET = "unset"
 
 
+def check_router_logits(router_logits: torch.Tensor, config: MoeRunnerConfig) -> None:
+    """Raise unless ``router_logits`` is a float ``[T, num_experts]`` tensor of ``config``'s layer (metadata only):
+    what :func:`select_experts` and the fused routing kernels take."""
+    require_tensor("router_logits", router_logits)
+    require_dtype("router_logits", router_logits, FLOAT_DTYPES)
+    require_ndim("router_logits", router_logits, 2, "[num_tokens, num_experts]")
+    if router_logits.shape[1] != config.num_experts:
+        raise ValueError(
+            f"router_logits: expected {config.num_experts} columns (num_experts), got {router_logits.shape[1]}"
+        )
+
+
+def check_correction_bias(score_correction_bias: torch.Tensor, router_logits: torch.Tensor, config: MoeRunnerConfig) -> None:
+    """Raise unless ``score_correction_bias`` is a float ``[num_experts]`` tensor beside the logits, for a
+    :class:`~moe_core.config.GroupedTopK` layer (metadata only: its values are the caller's to check)."""
+    if not isinstance(config.routing_method, GroupedTopK):
+        raise ValueError(f"score_correction_bias: only GroupedTopK routing takes one, not {config.routing_method.value}")
+    require_tensor("score_correction_bias", score_correction_bias)
+    require_dtype("score_correction_bias", score_correction_bias, FLOAT_DTYPES)
+    require_shape("score_correction_bias", score_correction_bias, (config.num_experts,), "[num_experts]")
+    require_same_device([("router_logits", router_logits), ("score_correction_bias", score_correction_bias)])
+
+
 def select_experts(
     router_logits: torch.Tensor,
     config: MoeRunnerConfig,
@@ -156,13 +179,7 @@ def select_experts(
     under :class:`~moe_core.config.Llama4Sigmoid` they scale each expert's
     input (the config says so, and runners that cannot do that refuse it).
     """
-    require_tensor("router_logits", router_logits)
-    require_dtype("router_logits", router_logits, FLOAT_DTYPES)
-    require_ndim("router_logits", router_logits, 2, "[num_tokens, num_experts]")
-    if router_logits.shape[1] != config.num_experts:
-        raise ValueError(
-            f"router_logits: expected {config.num_experts} columns (num_experts), got {router_logits.shape[1]}"
-        )
+    check_router_logits(router_logits, config)
     method = config.routing_method
     if isinstance(score_correction_bias, Unset):
         if isinstance(method, GroupedTopK):
@@ -173,11 +190,7 @@ def select_experts(
             )
         score_correction_bias = None
     if score_correction_bias is not None:
-        if not isinstance(method, GroupedTopK):
-            raise ValueError(f"score_correction_bias: only GroupedTopK routing takes one, not {method.value}")
-        require_tensor("score_correction_bias", score_correction_bias)
-        require_shape("score_correction_bias", score_correction_bias, (config.num_experts,), "[num_experts]")
-        require_same_device([("router_logits", router_logits), ("score_correction_bias", score_correction_bias)])
+        check_correction_bias(score_correction_bias, router_logits, config)
         require_finite("score_correction_bias", score_correction_bias)
     logits = router_logits.float()
     if method is RoutingMethod.SOFTMAX_TOPK:

@@ -23,12 +23,12 @@ from typing import final
 import attrs
 import torch
 
-from moe_core._checks import FLOAT_DTYPES, require_dtype, require_ndim, require_same_device, require_shape, require_tensor
 from moe_core.backends.triton import interpreted
 from moe_core.backends.triton.kernels import EXP_SCORES, SIGMOID_SCORES, SOFTMAX_SCORES, routing_kernel
 from moe_core.backends.triton.sorting import cdiv, next_power_of_2
 from moe_core.config import GroupedTopK, GroupScore, MoeRunnerConfig, RoutingMethod, Scoring, SigmoidTopK, SparseMixer
 from moe_core.dispatch import TopKOutput
+from moe_core.routing import check_correction_bias, check_router_logits
 
 ROW_SLOTS = 256
 """Rows per program: as many as fill this many slots of ``[rows, groups, experts per group]`` (powers of two), so
@@ -106,21 +106,10 @@ def fused_select_experts(
     plan = _plan(config)
     if isinstance(plan, str):
         raise ValueError(f"fused_select_experts: {plan}")
-    require_tensor("router_logits", router_logits)
-    require_dtype("router_logits", router_logits, FLOAT_DTYPES)
-    require_ndim("router_logits", router_logits, 2, "[num_tokens, num_experts]")
-    if router_logits.shape[1] != config.num_experts:
-        raise ValueError(
-            f"router_logits: expected {config.num_experts} columns (num_experts), got {router_logits.shape[1]}"
-        )
+    check_router_logits(router_logits, config)
     bias, stride_b = router_logits, 0  # never read without a correction bias
     if score_correction_bias is not None:
-        if not isinstance(config.routing_method, GroupedTopK):
-            raise ValueError(f"score_correction_bias: only GroupedTopK routing takes one, not {config.routing_method.value}")
-        require_tensor("score_correction_bias", score_correction_bias)
-        require_dtype("score_correction_bias", score_correction_bias, FLOAT_DTYPES)
-        require_shape("score_correction_bias", score_correction_bias, (config.num_experts,), "[num_experts]")
-        require_same_device([("router_logits", router_logits), ("score_correction_bias", score_correction_bias)])
+        check_correction_bias(score_correction_bias, router_logits, config)
         bias, stride_b = score_correction_bias, score_correction_bias.stride(0)
     tokens, top_k = router_logits.shape[0], config.top_k
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=router_logits.device)
