@@ -12,6 +12,8 @@ layer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import torch
 
@@ -24,6 +26,7 @@ from moe_core import (
     DispatchOutput,
     LimitedSwiglu,
     MoeRunnerConfig,
+    Runner,
     SigmoidTopK,
     register_backend,
 )
@@ -93,43 +96,22 @@ class OutputWeightingRunner:
         return REFERENCE_DENSE.factory(weighted).run(dispatch, quant_info)
 
 
-register_backend(
-    "ignores-activation",
-    description="claims every activation, computes gated SiLU",
-    factory=AlwaysSiluRunner,
-    supports=reference_supports,
-    priority=ORACLE,
-    conversions=[Conversion(DENSE, _as_is)],
+IGNORING: tuple[tuple[str, str, Callable[[MoeRunnerConfig], Runner[DenseMoeWeights]]], ...] = (
+    ("ignores-activation", "claims every activation, computes gated SiLU", AlwaysSiluRunner),
+    ("ignores-limits", "claims every activation, computes the clamped and limited SwiGLUs without their limits",
+     UnlimitedRunner),
+    ("ignores-scaling-factor", "claims every routed scaling factor, applies none", UnscaledRunner),
+    ("ignores-biases", "claims expert biases, adds none", UnbiasedRunner),
+    ("ignores-routing", "claims every routing method, weights every expert's output", OutputWeightingRunner),
 )
-register_backend(
-    "ignores-limits",
-    description="claims every activation, computes the clamped and limited SwiGLUs without their limits",
-    factory=UnlimitedRunner,
-    supports=reference_supports,
-    priority=ORACLE,
-    conversions=[Conversion(DENSE, _as_is)],
-)
-register_backend(
-    "ignores-scaling-factor",
-    description="claims every routed scaling factor, applies none",
-    factory=UnscaledRunner,
-    supports=reference_supports,
-    priority=ORACLE,
-    conversions=[Conversion(DENSE, _as_is)],
-)
-register_backend(
-    "ignores-biases",
-    description="claims expert biases, adds none",
-    factory=UnbiasedRunner,
-    supports=reference_supports,
-    priority=ORACLE,
-    conversions=[Conversion(DENSE, _as_is)],
-)
-register_backend(
-    "ignores-routing",
-    description="claims every routing method, weights every expert's output",
-    factory=OutputWeightingRunner,
-    supports=reference_supports,
-    priority=ORACLE,
-    conversions=[Conversion(DENSE, _as_is)],
-)
+"""Each plugin's name, what it claims and computes, and its runner."""
+
+for name, description, factory in IGNORING:
+    register_backend(
+        name,
+        description=description,
+        factory=factory,
+        supports=reference_supports,
+        priority=ORACLE,
+        conversions=[Conversion(DENSE, _as_is)],
+    )
