@@ -274,8 +274,10 @@ def test_tiny_expert_keeps_its_weights_and_its_w4a4_activations_underflow_the_sh
 ) -> None:
     """Expert 5 of the split fixture has 1e-3 of the others' weights.
 
-    Its weights keep their own global scales (its W4A16 output matches
-    compressed-tensors' decompression at its own scale), but under W4A4 its
+    Its weights keep their own global scales (their dequantization, rounded
+    to the checkpoint's bf16, is compressed-tensors' decompression bit for
+    bit, and its W4A16 output is the float64 MoE on them within the bf16
+    output rounding), but under W4A4 its
     gated activation (about 1e-6 of the others') lies below what the one
     shared ``w2`` input scale can represent, so it quantizes to zero: a
     consequence of a scalar input scale (the collapse policy), which the
@@ -287,9 +289,12 @@ def test_tiny_expert_keeps_its_weights_and_its_w4a4_activations_underflow_the_sh
     ids = torch.tensor([[5, 0]] * 16, dtype=torch.int32)
     dispatch = StandardDispatchOutput(x, TopKOutput(ids, torch.tensor([[1.0, 0.0]] * 16), num_experts=8))
     w13, w2 = expert_weights(CT_SPLIT, 0)
-    expected_w4a16 = float64_moe(scheme.config, dispatch, w13, w2)
+    dequantized = weights.dequantize()
+    assert torch.equal(dequantized.w13[5].to(torch.bfloat16).float(), w13[5])
+    assert torch.equal(dequantized.w2[5].to(torch.bfloat16).float(), w2[5])
+    expected_w4a16 = float64_moe(scheme.config, dispatch, dequantized.w13, dequantized.w2)
     assert 0 < float(expected_w4a16.abs().max()) < 1e-4
-    w4a16 = create_runner(REFERENCE_DENSE, scheme.config).run(dispatch, weights.dequantize())
+    w4a16 = create_runner(REFERENCE_DENSE, scheme.config).run(dispatch, dequantized)
     assert relative_error(w4a16, expected_w4a16) < BF16_OUTPUT
     w4a4_oracle = float64_moe(
         scheme.config, dispatch, weights.w13.dequantize(), weights.w2.dequantize(),
