@@ -2,7 +2,7 @@
 
 Built once: the weights go through backend selection (by capability, or by
 name) and the chosen backend's conversion; the forward is then router
-logits -> :func:`~moe_core.routing.route` -> the bound runner -> plus the
+logits -> :func:`~moe_core.routing.route` (the fused routing kernel on CUDA) -> the bound runner -> plus the
 shared expert, with nothing re-inferred.
 """
 
@@ -28,7 +28,7 @@ from moe_core.config import ACTIVATION_TYPES, Activation, ExpertActivation, MoeR
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 from moe_core.formats.dense import DENSE, DenseMoeWeights
 from moe_core.registry import BoundRunner, MoeForward, choose
-from moe_core.routing import Router, check_router, route
+from moe_core.routing import Router, check_router, route, routing_summary
 
 
 @final
@@ -132,6 +132,11 @@ class MoeLayer:
                 f"{self.config.hidden_size}"
             )
         require_same_device([("router.weight", self.router.weight), ("shared_expert.w13", shared.w13)])
+
+    @property
+    def routing(self) -> str:
+        """What routes the layer's tokens: the fused Triton kernel (on CUDA), or ``select_experts`` and why."""
+        return routing_summary(self.config, self.router.weight.device)
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, TopKOutput]:
         """The output and the routing that produced it (for blocks that also return weights or logits)."""

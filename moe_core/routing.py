@@ -10,7 +10,7 @@ sigmoid, PhiMoE's sparsemixer.
 from __future__ import annotations
 
 import enum
-from typing import final
+from typing import Protocol, final
 
 import attrs
 import torch
@@ -91,13 +91,15 @@ class Router:
         return F.linear(hidden_states.to(self.weight.dtype), self.weight, self.bias)
 
 
-def _grouped_topk(
+def _grouped_choice(
     logits: torch.Tensor, method: GroupedTopK, top_k: int, correction: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek-V3's router after its logits, step for step (and its relatives' scorings, see GroupedTopK)."""
+) -> torch.Tensor:
+    """DeepSeek-V3's choice of experts from its logits, step for step (and its relatives' scorings, see
+    GroupedTopK): the best ``topk_group`` groups by their scores plus the correction bias, then the top-k in them."""
     tokens, experts = logits.shape
-    scores = logits.softmax(dim=-1) if method.scoring is Scoring.SOFTMAX else logits.sigmoid()
-    for_choice = scores if correction is None else scores + correction.float()
+    for_choice = _scores(logits, method.scoring)
+    if correction is not None:
+        for_choice = for_choice + correction.float()
     groups = for_choice.view(tokens, method.n_group, experts // method.n_group)
     if method.group_score is GroupScore.MAX:
         group_scores = groups.max(dim=-1).values
@@ -107,12 +109,50 @@ def _grouped_topk(
     group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
     score_mask = group_mask.unsqueeze(-1).expand(-1, -1, experts // method.n_group).reshape(tokens, experts)
     for_choice = for_choice.masked_fill(~score_mask.bool(), float("-inf"))
-    ids = torch.topk(for_choice, k=top_k, dim=-1, sorted=False)[1]
-    weights = scores.gather(1, ids)
-    if method.renormalize:
+    return torch.topk(for_choice, k=top_k, dim=-1, sorted=False)[1]
+
+
+def _scores(logits: torch.Tensor, scoring: Scoring) -> torch.Tensor:
+    return logits.softmax(dim=-1) if scoring is Scoring.SOFTMAX else logits.sigmoid()
+
+
+def _chosen_ids(
+    logits: torch.Tensor, method: RoutingMethod | GroupedTopK | SigmoidTopK | Llama4Sigmoid, top_k: int,
+    correction: torch.Tensor | None,
+) -> torch.Tensor:
+    """The ``[T, top_k]`` experts each method chooses from float32 ``logits`` (as transformers' models do: on the
+    softmax where they take the top-k of it, so that scores equal in float32 tie as they do there)."""
+    if isinstance(method, GroupedTopK):
+        return _grouped_choice(logits, method, top_k, correction)
+    if method is RoutingMethod.SOFTMAX_TOPK:
+        return logits.softmax(dim=-1).topk(top_k, dim=-1).indices
+    if isinstance(method, SigmoidTopK):
+        return logits.sigmoid().topk(top_k, dim=-1).indices
+    return logits.topk(top_k, dim=-1).indices  # top-k-then-softmax and Llama 4 choose on the logits
+
+
+def method_weights(
+    logits: torch.Tensor, ids: torch.Tensor, method: RoutingMethod | GroupedTopK | SigmoidTopK | Llama4Sigmoid
+) -> torch.Tensor:
+    """The float32 ``[T, K]`` weights a routing method gives experts ``ids [T, K]`` of float32 ``logits [T, E]``:
+    the one formula :func:`select_experts` routes with and runners hold a top-k's weights to
+    (``from_router_logits``). Sparsemixer has none of this form (each pick's weight depends on the logits near it).
+    """
+    ids = ids.long()
+    if method is RoutingMethod.SOFTMAX_TOPK:
+        return logits.softmax(dim=-1).gather(1, ids)
+    if method is RoutingMethod.TOPK_RENORMALIZE:
+        return logits.gather(1, ids).softmax(dim=-1)
+    if isinstance(method, GroupedTopK):
+        weights = _scores(logits, method.scoring).gather(1, ids)
+        if not method.renormalize:
+            return weights
         total = weights.sum(dim=-1, keepdim=True)
-        weights = weights / (total + 1e-20 if method.sum_floor is None else total.clamp(min=method.sum_floor))
-    return weights, ids
+        return weights / (total + 1e-20 if method.sum_floor is None else total.clamp(min=method.sum_floor))
+    weights = logits.gather(1, ids).sigmoid()  # sigmoid top-k and Llama 4
+    if isinstance(method, SigmoidTopK) and method.renormalize:
+        return weights / weights.sum(dim=-1, keepdim=True)
+    return weights
 
 
 def _mixer_pick(scores: torch.Tensor, candidates: torch.Tensor, jitter_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,22 +233,11 @@ def select_experts(
         check_correction_bias(score_correction_bias, router_logits, config)
         require_finite("score_correction_bias", score_correction_bias)
     logits = router_logits.float()
-    if method is RoutingMethod.SOFTMAX_TOPK:
-        weights, ids = torch.softmax(logits, dim=-1).topk(config.top_k, dim=-1)
-    elif method is RoutingMethod.TOPK_RENORMALIZE:
-        top_logits, ids = logits.topk(config.top_k, dim=-1)
-        weights = torch.softmax(top_logits, dim=-1)
-    elif isinstance(method, SigmoidTopK):
-        weights, ids = logits.sigmoid().topk(config.top_k, dim=-1)
-        if method.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-    elif isinstance(method, GroupedTopK):
-        weights, ids = _grouped_topk(logits, method, config.top_k, score_correction_bias)
-    elif isinstance(method, Llama4Sigmoid):
-        top_logits, ids = logits.topk(config.top_k, dim=-1)
-        weights = top_logits.sigmoid()
-    else:
+    if isinstance(method, SparseMixer):
         weights, ids = _sparsemixer(logits, method)
+    else:
+        ids = _chosen_ids(logits, method, config.top_k, score_correction_bias)
+        weights = method_weights(logits, ids, method)
     return TopKOutput(ids.to(torch.int32), weights, router_logits, num_experts=config.num_experts, from_router_logits=True)
 
 
@@ -232,9 +261,62 @@ def check_router(router: Router, config: MoeRunnerConfig) -> None:
         )
 
 
-def route(hidden_states: torch.Tensor, router: Router, config: MoeRunnerConfig) -> TopKOutput:
-    """The routing of ``hidden_states [T, hidden_size]``: the router's logits through :func:`select_experts`."""
+class FusedRouting(Protocol):
+    """A kernel that computes :func:`select_experts`' top-k in one launch, reading nothing back to the host."""
+
+    def __call__(
+        self, router_logits: torch.Tensor, config: MoeRunnerConfig, *, score_correction_bias: torch.Tensor | None
+    ) -> TopKOutput:
+        """The top-k of ``router_logits [T, num_experts]``, as :func:`select_experts` takes them."""
+        ...
+
+
+def fused_routing(config: MoeRunnerConfig, device: torch.device, *, interpreter: bool = False) -> FusedRouting | str:
+    """The fused routing kernel for ``config``'s layer with router logits on ``device``, or why :func:`route` routes
+    it with :func:`select_experts` instead.
+
+    Automatically on CUDA devices only; ``interpreter`` also allows Triton's CPU interpreter (``TRITON_INTERPRET=1``),
+    which is correct but slow.
+    """
+    on_cpu = f"the fused routing kernel runs on CUDA devices (logits on {device})"
+    if device.type != "cuda" and not interpreter:
+        return on_cpu
+    try:  # triton is optional
+        from moe_core.backends.triton import interpreted
+        from moe_core.backends.triton.routing import fused_routing_refusal, fused_select_experts
+    except ImportError as error:
+        return f"the fused routing kernel needs triton ({error})"
+    if device.type != "cuda" and not interpreted():
+        return f"{on_cpu}, or on the CPU under Triton's interpreter (TRITON_INTERPRET=1)"
+    refusal = fused_routing_refusal(config)
+    return fused_select_experts if refusal is None else refusal
+
+
+def routing_summary(config: MoeRunnerConfig, device: torch.device) -> str:
+    """What :func:`route` computes ``config``'s routing with on ``device``, for a person reading a layer's summary."""
+    kernel = fused_routing(config, device)
+    return "routing: fused Triton kernel" if not isinstance(kernel, str) else f"routing: select_experts ({kernel})"
+
+
+def route(
+    hidden_states: torch.Tensor, router: Router, config: MoeRunnerConfig, *, fused: bool | None = None
+) -> TopKOutput:
+    """The routing of ``hidden_states [T, hidden_size]``: the router's logits, then their top-k.
+
+    The top-k is the fused routing kernel's where :func:`fused_routing` gives one (on CUDA, for every method but
+    sparsemixer and ``top_k`` up to 16: one launch, no read back, so a CUDA graph can capture it), else
+    :func:`select_experts`'. The two agree on each row's set of ids and, to float32 rounding, their weights; the
+    order within a row may differ. ``fused=True`` requires the kernel (raising ``ValueError`` with its reason,
+    and allowing Triton's CPU interpreter), ``fused=False`` always takes ``select_experts``.
+    """
+    if fused is not None and not isinstance(fused, bool):
+        raise TypeError(f"route: fused is True, False or None (automatic), got {fused!r}")
     check_router(router, config)
-    return select_experts(
-        router.logits(hidden_states), config, score_correction_bias=router.score_correction_bias
-    )
+    logits = router.logits(hidden_states)
+    if fused is not False:
+        kernel = fused_routing(config, logits.device, interpreter=fused is True)
+        if not isinstance(kernel, str):
+            return kernel(logits, config, score_correction_bias=router.score_correction_bias)
+        if fused:
+            raise ValueError(f"route(fused=True): {kernel}")
+    return select_experts(logits, config, score_correction_bias=router.score_correction_bias)

@@ -32,16 +32,22 @@ from moe_core import (
     GroupScore,
     Llama4Sigmoid,
     MoeRunnerConfig,
+    Router,
     Routing,
     RoutingMethod,
     Scoring,
     SigmoidTopK,
     SparseMixer,
+    StandardDispatchOutput,
     TopKOutput,
+    dense_layer,
+    route,
     select_experts,
 )
 from moe_core.backends.triton.routing import MAX_TOP_K, fused_routing_refusal, fused_select_experts
 from moe_core.config import example_routings
+from moe_core.formats import DenseMoeWeights
+from moe_core.routing import routing_summary
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -224,3 +230,70 @@ def test_misuses_are_refused_as_select_experts_refuses_them(misuse: str) -> None
     with pytest.raises(expected.type) as fused:
         fused_select_experts(logits(), config, score_correction_bias=bias)
     assert str(fused.value) == str(expected.value)
+
+
+def test_route_takes_the_fused_kernel_where_it_applies(gen: torch.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``route`` is the fused kernel's top-k on CUDA (bit for bit), ``select_experts``' elsewhere and for
+    sparsemixer; ``fused=True`` runs the kernel (under the interpreter on the CPU) or says why not."""
+    x = torch.randn(9, 64, generator=gen).to(DEVICE)
+    for method in [*fused_routings(16, 2), SparseMixer(jitter_eps=0.01)]:
+        config = layer(method, 16, 2)
+        grouped = isinstance(method, GroupedTopK)
+        router = Router(weight=torch.randn(16, 64, generator=gen).to(DEVICE),
+                        score_correction_bias=random_bias(gen, method, 16) if isinstance(method, GroupedTopK) else None)
+        logits, bias = router.logits(x), router.score_correction_bias
+        plain = select_experts(logits, config, score_correction_bias=bias)
+        mixer = isinstance(method, SparseMixer)
+        auto = route(x, router, config)
+        expected = plain if mixer or not CUDA else fused_select_experts(logits, config, score_correction_bias=bias)
+        assert torch.equal(auto.topk_ids, expected.topk_ids) and torch.equal(auto.topk_weights, expected.topk_weights)
+        off = route(x, router, config, fused=False)
+        assert torch.equal(off.topk_ids, plain.topk_ids) and torch.equal(off.topk_weights, plain.topk_weights)
+        assert ("fused Triton kernel" in routing_summary(config, torch.device("cuda"))) is not mixer
+        assert "select_experts (the fused routing kernel runs on CUDA devices" in routing_summary(config, torch.device("cpu"))
+        if mixer:
+            with pytest.raises(ValueError, match="route\\(fused=True\\): sparsemixer routing is not fused"):
+                route(x, router, config, fused=True)
+            continue
+        forced = route(x, router, config, fused=True)
+        assert forced.from_router_logits and not forced.check_values, grouped
+        ids, order = forced.topk_ids.sort(dim=1)
+        plain_ids, plain_order = plain.topk_ids.sort(dim=1)
+        assert torch.equal(ids, plain_ids), method
+        torch.testing.assert_close(forced.topk_weights.gather(1, order), plain.topk_weights.gather(1, plain_order),
+                                   rtol=RTOL, atol=0)
+    if not CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match=r"route\(fused=True\): the fused routing kernel runs on CUDA devices"):
+            route(x, router, layer(RoutingMethod.SOFTMAX_TOPK, 16, 2), fused=True)
+    with pytest.raises(TypeError, match="route: fused is True, False or None"):
+        route(x, router, config, fused="yes")  # type: ignore[arg-type]  # the runtime check under test
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA graphs")
+def test_a_layer_routes_with_the_kernel_inside_a_cuda_graph(gen: torch.Generator) -> None:
+    """DeepSeek-V3's routing (grouped top-k, correction bias) in a bf16 layer on the GPU: the forward, routing
+    included, is captured and replayed; it matches the layer's experts run on select_experts' top-k within the
+    bf16 output rounding (the two sum a token's experts in another order)."""
+    method = GroupedTopK(n_group=8, topk_group=4, renormalize=True)
+    config = MoeRunnerConfig(num_experts=64, hidden_size=256, intermediate_size_per_partition=128, top_k=8,
+                             routing_method=method, routed_scaling_factor=2.5)
+    weights = DenseMoeWeights(w13=torch.randn(64, 256, 256, generator=gen).cuda() / 16,
+                              w2=torch.randn(64, 256, 128, generator=gen).cuda() / 11)
+    router = Router(weight=torch.randn(64, 256, generator=gen).to("cuda", torch.bfloat16) / 16,
+                    score_correction_bias=random_bias(gen, method, 64))
+    built = dense_layer(config, router, weights, dtype=torch.bfloat16)
+    assert built.routing == "routing: fused Triton kernel"
+    static_x = torch.randn(33, 256, generator=gen).to("cuda", torch.bfloat16)
+    built(static_x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = built(static_x)
+    fresh = torch.randn(33, 256, generator=gen).to("cuda", torch.bfloat16)
+    static_x.copy_(fresh)
+    graph.replay()
+    torch.testing.assert_close(captured, built(fresh), rtol=0, atol=0)
+    plain = select_experts(router.logits(fresh), config, score_correction_bias=router.score_correction_bias)
+    expected = built.experts(StandardDispatchOutput(fresh, plain)).double()
+    assert float((captured.double() - expected).norm() / expected.norm()) < 2.0**-8

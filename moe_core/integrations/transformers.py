@@ -146,11 +146,12 @@ class MoeCoreBlock(nn.Module):
             )
 
     def extra_repr(self) -> str:
-        """The family, the layer's sizes and semantics, and the backend chosen."""
+        """The family, the layer's sizes and semantics, the backend chosen and what computes the routing."""
         config = self.layer.config
         return (
             f"family={self.family}, experts={config.num_experts}, top_k={config.top_k}, "
-            f"activation={config.activation.value}, routing={config.routing_method.value}, {self.layer.backend}"
+            f"activation={config.activation.value}, routing={config.routing_method.value}, {self.layer.backend}, "
+            f"{self.layer.routing}"
         )
 
 
