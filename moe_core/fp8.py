@@ -278,6 +278,7 @@ class _Fp8Stack:
         require_dtype(name, self.codes, (torch.float8_e4m3fn,))
         require_ndim(name, self.codes, 3, "[num_experts, rows, cols]")
         require_finite(name, self.codes)
+        _refuse_misscaled_codes(name, self.codes)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -295,6 +296,54 @@ class _Fp8Stack:
         _, rows, cols = self.shape
         scales = self._grid(self.scales.value[expert : expert + 1], rows, cols)[0]
         return (self.codes[expert].to(torch.float32) * scales).to(dtype)
+
+
+_E4M3_HALF_MAX_BITS = 0x76
+"""224's E4M3 bits without the sign (one binade below 448; the bits of non-negative E4M3 values order as they do)."""
+
+SATURATION_EVIDENCE = 64
+"""Codes of an expert matrix before the share of them at +-448 says anything about its scales."""
+
+
+def _refuse_misscaled_codes(name: str, codes: torch.Tensor) -> None:
+    """Refuse codes that were never divided by their dequantize-side scales, or were divided by scales far too small.
+
+    Quantizers take each scale as ``amax / 448`` of what it covers (a tensor, a
+    row, a block) or smaller (clipping observers), so the largest code of every
+    expert matrix that is not all zeros sits at 448: at least 224 (one binade
+    below) is required. Weights cast to E4M3 without their scale
+    (``w.to(torch.float8_e4m3fn)``) top out at the weights' own amax, orders of
+    magnitude lower, and dequantize to ``w * scale``. Codes of a scale hundreds
+    of times too small (a scale passed where an amax belongs) saturate: more
+    than half of an expert's codes at +-448 (where real scales put one code
+    per tensor, row or block there) is refused too. Checked where the values
+    can be read.
+    """
+    if not values_readable(codes) or not codes.numel():
+        return
+    magnitudes = (codes.view(torch.uint8) & 0x7F).flatten(1)
+    top = magnitudes.amax(dim=1)
+    low = ((top > 0) & (top < _E4M3_HALF_MAX_BITS)).nonzero()
+    if low.numel():
+        expert = int(low[0, 0])
+        largest = float(codes[expert].float().abs().max())
+        raise ValueError(
+            f"{name}: expert {expert}'s largest code is {largest:g}, where a dequantize-side scale (amax / 448 of what "
+            f"it covers) puts one at 448 ({int(low.shape[0])} of {codes.shape[0]} experts so): codes cast without "
+            "dividing by their scale? quantize with quantize_fp8(w, scale), or the weights class's quantize()"
+        )
+    per_expert = magnitudes.shape[1]
+    if per_expert < SATURATION_EVIDENCE:
+        return
+    saturated = (magnitudes == _E4M3_MAX_BITS).sum(dim=1)
+    over = (2 * saturated > per_expert).nonzero()
+    if over.numel():
+        expert = int(over[0, 0])
+        raise ValueError(
+            f"{name}: {int(saturated[expert])} of expert {expert}'s {per_expert} codes are at +-448 (a scale of amax / "
+            "448 puts one code per tensor, row or block there): codes quantized with a scale far too small (a scale "
+            "passed where an amax belongs?)"
+        )
 
 
 def _refuse_per_channel_codes(name: str, codes: torch.Tensor) -> None:

@@ -41,7 +41,7 @@ from moe_core.checkpoint import MoeCheckpoint
 from moe_core.distributed import ExpertParallelMoe, LocalDispatcher, load_expert_parallel
 from moe_core.formats.dense import ExpertBiases
 from moe_core.formats.fp8 import Fp8MoeWeights
-from moe_core.fp8 import ExpertFp8Scales, Fp8ExpertWeights, Fp8GateUpWeights
+from moe_core.fp8 import ExpertFp8Scales, Fp8BlockExpertWeights, Fp8ChannelExpertWeights, Fp8ExpertWeights, Fp8GateUpWeights
 from moe_core.layer import SharedExpert, dense_layer
 from moe_core.routing import Router
 from tests.test_kernel_models import cutlass_model_kernels, trtllm_model_kernels
@@ -344,3 +344,38 @@ def test_weights_scaled_inside_their_bound_are_refused_where_the_top_k_was_route
             layer(StandardDispatchOutput(x, topk))
     layer(StandardDispatchOutput(x, TopKOutput(own.topk_ids, scaled, logits, num_experts=E)))  # edited: not seen
     layer(StandardDispatchOutput(x, TopKOutput(own.topk_ids, scaled, num_experts=E)))  # without logits: not seen
+
+
+FP8_WEIGHT_CLASSES = [Fp8ExpertWeights, Fp8ChannelExpertWeights, Fp8BlockExpertWeights]
+
+
+def element_scales(weights: Fp8ExpertWeights | Fp8ChannelExpertWeights | Fp8BlockExpertWeights) -> torch.Tensor:
+    """The dequantize-side scale of every code, ``[E, rows, cols]``."""
+    scale = weights.scales.value
+    if isinstance(weights, Fp8ExpertWeights):
+        scale = scale[:, None, None]
+    elif isinstance(weights, Fp8ChannelExpertWeights):
+        scale = scale[:, :, None]
+    else:
+        scale = scale.repeat_interleave(128, dim=1).repeat_interleave(128, dim=2)
+    return scale.expand(weights.codes.shape)
+
+
+@pytest.mark.parametrize("weights_class", FP8_WEIGHT_CLASSES, ids=lambda kind: kind.__name__)
+def test_fp8_codes_cast_without_their_scale_or_with_a_scale_far_too_small_are_refused(
+    gen: torch.Generator, weights_class: type[Fp8ExpertWeights | Fp8ChannelExpertWeights | Fp8BlockExpertWeights]
+) -> None:
+    """``w.to(float8_e4m3fn)`` as the codes (never divided by the scale) dequantized to ``w * scale``, 1.0 off; codes
+    of a scale passed where an amax belongs (``from_amax(scale)``: the scales / 448) saturated. Both ran."""
+    w = torch.randn(3, 128, 256, generator=gen) / 16
+    right = weights_class.quantize(w)
+    assert float((right.dequantize() - w).norm() / w.norm()) < 0.05  # the right codes at the same scales pass
+    name = weights_class.__name__
+    with pytest.raises(ValueError, match=f"{name}.codes: expert 0's largest code is .* codes cast without dividing"):
+        weights_class(w.to(torch.float8_e4m3fn), right.scales)  # type: ignore[arg-type]  # mypy joins the classes
+    saturated = (w / (element_scales(right) / 448)).clamp(-448, 448).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=rf"{name}.codes: .* of expert 0's 32768 codes are at \+-448 .* far too small"):
+        weights_class(saturated, right.scales)  # type: ignore[arg-type]  # mypy joins the classes
+    zero_expert = right.codes.clone()
+    zero_expert[1] = 0  # an expert pruned to zeros is no evidence of anything
+    weights_class(zero_expert, right.scales)  # type: ignore[arg-type]  # mypy joins the classes
