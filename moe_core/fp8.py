@@ -298,8 +298,8 @@ class _Fp8Stack:
         return (self.codes[expert].to(torch.float32) * scales).to(dtype)
 
 
-_E4M3_HALF_MAX_BITS = 0x76
-"""224's E4M3 bits without the sign (one binade below 448; the bits of non-negative E4M3 values order as they do)."""
+_E4M3_EIGHT_BITS = 0x50
+"""8.0's E4M3 bits without the sign (the bits of non-negative E4M3 values order as the values do)."""
 
 SATURATION_EVIDENCE = 64
 """Codes of an expert matrix before the share of them at +-448 says anything about its scales."""
@@ -309,11 +309,13 @@ def _refuse_misscaled_codes(name: str, codes: torch.Tensor) -> None:
     """Refuse codes that were never divided by their dequantize-side scales, or were divided by scales far too small.
 
     Quantizers take each scale as ``amax / 448`` of what it covers (a tensor, a
-    row, a block) or smaller (clipping observers), so the largest code of every
-    expert matrix that is not all zeros sits at 448: at least 224 (one binade
-    below) is required. Weights cast to E4M3 without their scale
-    (``w.to(torch.float8_e4m3fn)``) top out at the weights' own amax, orders of
-    magnitude lower, and dequantize to ``w * scale``. Codes of a scale hundreds
+    row, a block) or smaller (clipping observers), so the largest code of an
+    expert matrix sits at 448, or lower in a slice of what the scale covered (a
+    tensor-parallel shard, one half of a fused gate/up matrix): an expert whose
+    codes are not all zero must reach 8 (a slice 56 times below the amax of
+    the rest is no model's weights). Model weights lie far below 8, so weights
+    cast to E4M3 without their scale (``w.to(torch.float8_e4m3fn)``), which
+    dequantize to ``w * scale``, fall under it. Codes of a scale hundreds
     of times too small (a scale passed where an amax belongs) saturate: more
     than half of an expert's codes at +-448 (where real scales put one code
     per tensor, row or block there) is refused too. Checked where the values
@@ -323,13 +325,14 @@ def _refuse_misscaled_codes(name: str, codes: torch.Tensor) -> None:
         return
     magnitudes = (codes.view(torch.uint8) & 0x7F).flatten(1)
     top = magnitudes.amax(dim=1)
-    low = ((top > 0) & (top < _E4M3_HALF_MAX_BITS)).nonzero()
+    low = ((top > 0) & (top < _E4M3_EIGHT_BITS)).nonzero()
     if low.numel():
         expert = int(low[0, 0])
         largest = float(codes[expert].float().abs().max())
         raise ValueError(
             f"{name}: expert {expert}'s largest code is {largest:g}, where a dequantize-side scale (amax / 448 of what "
-            f"it covers) puts one at 448 ({int(low.shape[0])} of {codes.shape[0]} experts so): codes cast without "
+            f"it covers) puts one at 448, or at least 8 in a slice ({int(low.shape[0])} of {codes.shape[0]} experts "
+            "below): codes cast without "
             "dividing by their scale? quantize with quantize_fp8(w, scale), or the weights class's quantize()"
         )
     per_expert = magnitudes.shape[1]
