@@ -24,7 +24,7 @@ from moe_core._checks import (
     require_tensor,
 )
 from moe_core.capability import DeviceSpec, LayerSpec
-from moe_core.config import ACTIVATION_TYPES, Activation, ExpertActivation, MoeRunnerConfig, config_differences
+from moe_core.config import ACTIVATION_TYPES, ExpertActivation, MoeRunnerConfig, config_differences
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 from moe_core.formats.dense import DENSE, DenseMoeWeights
 from moe_core.registry import BoundRunner, MoeForward, choose
@@ -44,7 +44,9 @@ class SharedExpert:
     """``[2 * I, H]`` gate rows then up rows (``[I, H]`` for a non-gated activation)."""
     w2: torch.Tensor
     """``[H, I]``."""
-    activation: ExpertActivation = Activation.SILU_GATED
+    activation: ExpertActivation
+    """No default: a model's shared expert may compute another activation than its routed ones (Step 3.7 limits
+    them apart), and a default would silently stand in for the one it has."""
     gate: torch.Tensor | None = None
     """``[1, H]``."""
 
@@ -96,8 +98,13 @@ class MoeLayer:
     backend: str
     """The selection's summary: the backend chosen, and those passed over with why."""
     shared_expert: SharedExpert | None = None
+    fused_routing: bool | None = None
+    """As :func:`~moe_core.routing.route` takes it: None routes with the fused Triton kernel where it applies (on
+    CUDA), True requires it, False always takes ``select_experts``."""
 
     def __attrs_post_init__(self) -> None:
+        if self.fused_routing is not None and not isinstance(self.fused_routing, bool):
+            raise TypeError(f"MoeLayer.fused_routing: expected True, False or None, got {self.fused_routing!r}")
         if self.config.num_local_experts != self.config.num_experts:
             raise ValueError(
                 f"MoeLayer.config: a layer routes and combines every token in one process, so it holds every expert, "
@@ -136,11 +143,11 @@ class MoeLayer:
     @property
     def routing(self) -> str:
         """What routes the layer's tokens: the fused Triton kernel (on CUDA), or ``select_experts`` and why."""
-        return routing_summary(self.config, self.router.weight.device)
+        return routing_summary(self.config, self.router.weight.device, fused=self.fused_routing)
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, TopKOutput]:
         """The output and the routing that produced it (for blocks that also return weights or logits)."""
-        topk = route(hidden_states, self.router, self.config)
+        topk = route(hidden_states, self.router, self.config, fused=self.fused_routing)
         # the layer's own routing: its values were checked as the top-k was built, and its weights are the method's
         own = TopKOutput(
             topk.topk_ids, topk.topk_weights, topk.router_logits, num_experts=topk.num_experts, check_values=False,

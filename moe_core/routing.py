@@ -292,10 +292,15 @@ def fused_routing(config: MoeRunnerConfig, device: torch.device, *, interpreter:
     return fused_select_experts if refusal is None else refusal
 
 
-def routing_summary(config: MoeRunnerConfig, device: torch.device) -> str:
-    """What :func:`route` computes ``config``'s routing with on ``device``, for a person reading a layer's summary."""
-    kernel = fused_routing(config, device)
-    return "routing: fused Triton kernel" if not isinstance(kernel, str) else f"routing: select_experts ({kernel})"
+def routing_summary(config: MoeRunnerConfig, device: torch.device, *, fused: bool | None = None) -> str:
+    """What :func:`route` computes ``config``'s routing with on ``device`` (given ``fused`` as it takes it), for a
+    person reading a layer's summary."""
+    if fused is False:
+        return "routing: select_experts (fused=False)"
+    kernel = fused_routing(config, device, interpreter=fused is True)
+    if not isinstance(kernel, str):
+        return "routing: fused Triton kernel"
+    return f"routing: none, route(fused=True) refuses: {kernel}" if fused else f"routing: select_experts ({kernel})"
 
 
 def route(

@@ -145,7 +145,8 @@ def test_shared_expert_is_added_once_and_gated(gen: torch.Generator) -> None:
     weights = DenseMoeWeights(w13=torch.randn(E, 2 * I, H, generator=gen), w2=torch.randn(E, H, I, generator=gen))
     router = Router(weight=torch.randn(E, H, generator=gen))
     shared = SharedExpert(
-        w13=torch.randn(2 * 5, H, generator=gen), w2=torch.randn(H, 5, generator=gen), gate=torch.randn(1, H, generator=gen)
+        w13=torch.randn(2 * 5, H, generator=gen), w2=torch.randn(H, 5, generator=gen), gate=torch.randn(1, H, generator=gen),
+        activation=Activation.SILU_GATED,
     )
     x = torch.randn(7, H, generator=gen)
     with_shared = dense_layer(config, router, weights, dtype=torch.float32, shared_expert=shared)
@@ -176,11 +177,12 @@ def test_a_layer_refuses_experts_bound_for_another_config(gen: torch.Generator) 
 
 def test_shared_expert_names_a_dtype_mismatch(gen: torch.Generator) -> None:
     """Weights of another dtype than the hidden states are named, not left to a matmul's error deep inside."""
-    shared = SharedExpert(w13=torch.randn(2 * 5, H, generator=gen), w2=torch.randn(H, 5, generator=gen))
+    shared = SharedExpert(w13=torch.randn(2 * 5, H, generator=gen), w2=torch.randn(H, 5, generator=gen),
+                          activation=Activation.SILU_GATED)
     with pytest.raises(TypeError, match=r"SharedExpert: hidden_states are torch.bfloat16, its weights torch.float32"):
         shared(torch.randn(3, H, generator=gen).to(torch.bfloat16))
     with pytest.raises(TypeError, match=r"SharedExpert.w2: expected dtype"):
-        SharedExpert(w13=shared.w13, w2=shared.w2.to(torch.bfloat16))
+        SharedExpert(w13=shared.w13, w2=shared.w2.to(torch.bfloat16), activation=Activation.SILU_GATED)
 
 
 def test_dense_layer_refuses_biases_the_config_does_not_declare(gen: torch.Generator) -> None:

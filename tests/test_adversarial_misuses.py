@@ -144,7 +144,7 @@ def test_non_finite_values_are_refused_where_dense_weights_refuse_them(gen: torc
     w13 = torch.randn(2 * I, H, generator=gen)
     w13[0, 0] = float("nan")
     with pytest.raises(ValueError, match="SharedExpert.w13: expected finite values"):
-        SharedExpert(w13=w13, w2=torch.randn(H, I, generator=gen))
+        SharedExpert(w13=w13, w2=torch.randn(H, I, generator=gen), activation=Activation.SILU_GATED)
     with pytest.raises(ValueError, match="Router.weight: expected finite values"):
         Router(weight=torch.full((E, H), float("inf")))
 
@@ -249,7 +249,8 @@ def test_a_router_or_shared_expert_on_meta_refuses_hidden_states_elsewhere(gen: 
         route(x, meta_router, config)
     with pytest.raises(ValueError, match=r"hidden_states: on cpu, the router's weight on meta"):
         dense_layer(config, meta_router, weights, dtype=torch.float32)(x)
-    meta_shared = SharedExpert(w13=torch.empty(2 * I, H, device=META), w2=torch.empty(H, I, device=META))
+    meta_shared = SharedExpert(w13=torch.empty(2 * I, H, device=META), w2=torch.empty(H, I, device=META),
+                               activation=Activation.SILU_GATED)
     with pytest.raises(ValueError, match=r"SharedExpert: hidden_states on cpu, its weights on meta"):
         meta_shared(x)
     router = Router(weight=torch.randn(E, H, generator=gen))
@@ -265,7 +266,8 @@ def test_a_layer_takes_only_a_shared_expert_of_its_own_size(gen: torch.Generator
     module: object = torch.nn.Linear(H, H)
     with pytest.raises(TypeError, match=r"MoeLayer.shared_expert: expected a SharedExpert, got Linear"):
         dense_layer(config, router, weights, dtype=torch.float32, shared_expert=module)  # type: ignore[arg-type]  # the misuse under test
-    wide = SharedExpert(w13=torch.randn(2 * I, 48, generator=gen), w2=torch.randn(48, I, generator=gen))
+    wide = SharedExpert(w13=torch.randn(2 * I, 48, generator=gen), w2=torch.randn(48, I, generator=gen),
+                        activation=Activation.SILU_GATED)
     with pytest.raises(ValueError, match=r"its w2 has 48 rows, the layer's hidden size is 32"):
         dense_layer(config, router, weights, dtype=torch.float32, shared_expert=wide)
     with pytest.raises(TypeError, match=r"SharedExpert.activation: expected an Activation or ClampedSwiglu or LimitedSwiglu"):

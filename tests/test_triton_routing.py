@@ -297,3 +297,22 @@ def test_a_layer_routes_with_the_kernel_inside_a_cuda_graph(gen: torch.Generator
     plain = select_experts(router.logits(fresh), config, score_correction_bias=router.score_correction_bias)
     expected = built.experts(StandardDispatchOutput(fresh, plain)).double()
     assert float((captured.double() - expected).norm() / expected.norm()) < 2.0**-8
+
+
+def test_a_layer_says_what_routes_it_and_takes_fused_routing_as_route_does(gen: torch.Generator) -> None:
+    config = layer(GROUPED, 16, 3)
+    weights = DenseMoeWeights(w13=torch.randn(16, 64, 64, generator=gen).to(DEVICE) / 8,
+                              w2=torch.randn(16, 64, 32, generator=gen).to(DEVICE) / 6)
+    router = Router(weight=torch.randn(16, 64, generator=gen).to(DEVICE), score_correction_bias=random_bias(gen, GROUPED, 16))
+    built = dense_layer(config, router, weights, dtype=torch.float32)
+    forced, off = attrs.evolve(built, fused_routing=True), attrs.evolve(built, fused_routing=False)
+    assert built.routing == ("routing: fused Triton kernel" if CUDA else
+                             f"routing: select_experts (the fused routing kernel runs on CUDA devices (logits on {DEVICE}))")
+    assert forced.routing == "routing: fused Triton kernel"
+    assert off.routing == "routing: select_experts (fused=False)"
+    x = torch.randn(5, 64, generator=gen).to(DEVICE)
+    (fused_out, fused_topk), (plain_out, plain_topk) = forced.forward(x), off.forward(x)
+    assert not fused_topk.check_values and plain_topk.check_values  # the kernel's top-k, and select_experts'
+    torch.testing.assert_close(fused_out, plain_out, rtol=1e-5, atol=1e-6)  # float32: the same experts, summed apart
+    with pytest.raises(TypeError, match="MoeLayer.fused_routing: expected True, False or None, got 'yes'"):
+        attrs.evolve(built, fused_routing="yes")  # type: ignore[arg-type]  # the runtime check under test
