@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from moe_core.capability import DeviceSpec
     from moe_core.check import CheckRow
+    from moe_core.config import MoeRunnerConfig
     from moe_core.selection_table import CandidateRow
 
 EXIT_OK = 0
@@ -250,6 +251,8 @@ def _info(device: DeviceSpec, as_json: bool) -> int:
     print(format_table(["scheme", "format", "would run on"], _scheme_rows(rows)))
     print("\nthe activations and routing methods each backend computes (asked of its own supports)")
     print(format_table(["backend", "activations", "routing methods"], _capability_rows(device)))
+    print(f"\nwhat computes each routing method's top-k (route, MoeLayer) on {device.describe()}")
+    print(format_table(["routing method", "top-k by"], _routing_rows(device, layer)))
     if broken:
         print("\nbroken backends (a faulty plugin: its check raised, or its module failed to load)")
         print(format_table(["backend", "problem"], [list(row) for row in broken]))
@@ -262,6 +265,22 @@ def _capability_rows(device: DeviceSpec) -> list[list[str]]:
     return [
         [row.backend, ", ".join(row.supported_activations()) or "-", ", ".join(row.supported_routings()) or "-"]
         for row in capability_table(device)
+    ]
+
+
+def _routing_rows(device: DeviceSpec, layer: MoeRunnerConfig) -> list[list[str]]:
+    import attrs
+    import torch
+
+    from moe_core.config import example_routings
+    from moe_core.routing import routing_summary
+
+    if not device.has("triton"):
+        return [[method.value, "select_experts (no triton on the device)"] for method in example_routings(layer.num_experts, layer.top_k)]
+    where = torch.device(device.kind)
+    return [
+        [method.value, routing_summary(attrs.evolve(layer, routing_method=method), where).removeprefix("routing: ")]
+        for method in example_routings(layer.num_experts, layer.top_k)
     ]
 
 

@@ -10,6 +10,8 @@ sigmoid, PhiMoE's sparsemixer.
 from __future__ import annotations
 
 import enum
+import functools
+import importlib.util
 from typing import Protocol, final
 
 import attrs
@@ -271,6 +273,12 @@ class FusedRouting(Protocol):
         ...
 
 
+@functools.cache
+def _triton_installed() -> bool:
+    """Whether triton can be imported (asked once: every forward on CUDA asks)."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def fused_routing(config: MoeRunnerConfig, device: torch.device, *, interpreter: bool = False) -> FusedRouting | str:
     """The fused routing kernel for ``config``'s layer with router logits on ``device``, or why :func:`route` routes
     it with :func:`select_experts` instead.
@@ -281,11 +289,11 @@ def fused_routing(config: MoeRunnerConfig, device: torch.device, *, interpreter:
     on_cpu = f"the fused routing kernel runs on CUDA devices (logits on {device})"
     if device.type != "cuda" and not interpreter:
         return on_cpu
-    try:  # triton is optional
-        from moe_core.backends.triton import interpreted
-        from moe_core.backends.triton.routing import fused_routing_refusal, fused_select_experts
-    except ImportError as error:
-        return f"the fused routing kernel needs triton ({error})"
+    if not _triton_installed():
+        return "the fused routing kernel needs triton (pip install 'moe-core[triton]')"
+    from moe_core.backends.triton import interpreted
+    from moe_core.backends.triton.routing import fused_routing_refusal, fused_select_experts
+
     if device.type != "cuda" and not interpreted():
         return f"{on_cpu}, or on the CPU under Triton's interpreter (TRITON_INTERPRET=1)"
     refusal = fused_routing_refusal(config)

@@ -18,6 +18,7 @@ import torch
 from moe_core import DenseMoeWeights, Fp8MoeWeights, MoeRunnerConfig, StandardDispatchOutput, registry
 from moe_core.backends.reference import REFERENCE_FP8
 from moe_core.check import FORMAT_CHECKS, CheckRun, FormatCheck
+from moe_core.config import example_routings
 from moe_core import cli
 from moe_core.cli import format_table, main, plain_text
 from moe_core.formats import FP8
@@ -341,7 +342,7 @@ def test_help_and_version_do_not_import_torch() -> None:
 def test_info_lists_schemes_and_the_backend_each_would_choose(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    capabilities = {cells[0]: cells[1:] for cells in table_lines(out)}
+    capabilities = {cells[0]: cells[1:] for cells in table_lines(out, 2)}
     assert capabilities["triton-dense"][0] == "silu, gelu, gelu_tanh, relu2, clamped_swiglu, swiglu_limit, swiglu_limit_after_silu", (
         "the activations Triton's fused epilogue computes"
     )
@@ -428,3 +429,21 @@ def test_check_skips_only_the_sizes_a_format_refuses() -> None:
     check = FormatCheck(FP8, REFERENCE_FP8, broken, lambda config, dispatch, weights: dispatch.hidden_states, "none")
     with pytest.raises(ValueError, match="a bug in the build"):
         check.rows(run)
+
+
+@pytest.mark.parametrize("device", ["sm90", "sm90-triton", "cpu"])
+def test_info_says_what_computes_each_routing_methods_top_k(device: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "--device", device]) == 0
+    out = capsys.readouterr().out
+    assert "what computes each routing method's top-k (route, MoeLayer) on" in out
+    rows = {cells[0]: cells[1] for cells in table_lines(out, 3)}
+    methods = [method.value for method in example_routings(8, 2)]
+    assert list(rows) == methods
+    for method in methods:
+        if device == "sm90" and method != "sparsemixer":
+            assert rows[method] == "fused Triton kernel"
+        elif device == "sm90" or device == "sm90-triton":
+            assert rows[method].startswith("select_experts (sparsemixer routing is not fused" if device == "sm90" else
+                                           "select_experts (no triton on the device)")
+        else:
+            assert rows[method] == "select_experts (the fused routing kernel runs on CUDA devices (logits on cpu))"
