@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import torch
 
@@ -110,8 +110,22 @@ def check_run_inputs(
     if topk.num_experts != config.num_experts:
         raise ValueError(f"topk.num_experts: expected {config.num_experts} from the config, got {topk.num_experts}")
     checked: object = quant_info
-    if isinstance(checked, LayerChecked):
+    if _layer_checked(checked):
         checked.check_layer(config)
+
+
+_LAYER_CHECKED: dict[type, bool] = {}
+"""Whether quant infos of each type seen are :class:`LayerChecked`."""
+
+
+def _layer_checked(quant_info: object) -> TypeGuard[LayerChecked]:
+    """``isinstance(quant_info, LayerChecked)``, answered once per type: a protocol's ``isinstance`` walks its members
+    each time, and :func:`check_run_inputs` runs on every forward."""
+    kind = type(quant_info)
+    known = _LAYER_CHECKED.get(kind)
+    if known is None:
+        known = _LAYER_CHECKED[kind] = isinstance(quant_info, LayerChecked)
+    return known
 
 
 def check_run_values(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:
