@@ -13,9 +13,9 @@ from moe_core._checks import (
     require_ids_in_range,
     values_readable,
 )
-from moe_core.config import MoeRunnerConfig, RoutedWeights, SparseMixer
+from moe_core.config import GroupedTopK, MoeRunnerConfig, RoutedWeights, SparseMixer
 from moe_core.dispatch import DispatchFormat, DispatchOutput
-from moe_core.routing import method_weights
+from moe_core.routing import method_weights, select_experts
 
 
 class QuantInfo(Protocol):
@@ -189,7 +189,10 @@ def _require_routed_weights(weights: torch.Tensor, config: MoeRunnerConfig) -> N
     else:
         bad = float(weights.max()) > 1 + ROUTED_WEIGHTS_SLACK
         found = f"a weight of {float(weights.max()):.4g}"
-    if not bad and bound is not RoutedWeights.SUM_TO_ONE and _renormalized(sums, weights.shape[1], config.num_experts):
+    # a renormalizing method with a floor under its sum (ERNIE 4.5's moe_norm_min) sums to 1 wherever the floor is
+    # below the sum, which is nearly everywhere: its bound is at most one, its weights' sums are no evidence
+    floored = isinstance(method, GroupedTopK) and method.renormalize
+    if not bad and bound is not RoutedWeights.SUM_TO_ONE and not floored and _renormalized(sums, weights.shape[1], config.num_experts):
         raise ValueError(
             f"topk_weights: {method.value} routing does not renormalize its weights, yet every one of the "
             f"{int(sums.numel())} tokens' weights sums to 1 (renormalized weights, or another routing method's; build "
@@ -217,9 +220,18 @@ def _require_weights_of_logits(
     if not (values_readable(weights) and values_readable(logits)) or not weights.numel():
         return
     method = config.routing_method
-    if isinstance(method, SparseMixer):  # each pick's weight depends on the logits near it: no formula to hold to
-        return
-    expected = method_weights(logits.float(), ids, method)
+    if isinstance(method, SparseMixer):  # each pick's weight depends on the logits near it: routed again, ids included
+        routed = select_experts(logits, config)
+        if not torch.equal(routed.topk_ids.to(ids.device), ids.to(torch.int32)):
+            row = int((routed.topk_ids.to(ids.device) != ids).any(dim=1).nonzero()[0, 0])
+            raise ValueError(
+                f"topk_ids: {method.value} routing of the top-k's own router_logits picks experts "
+                f"{routed.topk_ids[row].tolist()} for token {row}, the top-k has {ids[row].tolist()} (routed by another "
+                "method? build the top-k with moe_core.select_experts, or check_values=False to skip the value checks)"
+            )
+        expected = routed.topk_weights
+    else:
+        expected = method_weights(logits.float(), ids, method)
     off = (weights - expected.to(weights.device)).abs()
     if float(off.max()) > ROUTED_WEIGHTS_SLACK:
         token, slot = divmod(int(off.argmax()), weights.shape[1])

@@ -27,7 +27,9 @@ from moe_core import (
     MoeRunnerConfig,
     Nvfp4ExpertWeights,
     RoutingMethod,
+    Scoring,
     SigmoidTopK,
+    SparseMixer,
     StandardDispatchOutput,
     TopKOutput,
     route,
@@ -381,3 +383,34 @@ def test_fp8_codes_cast_without_their_scale_or_with_a_scale_far_too_small_are_re
     zero_expert = right.codes.clone()
     zero_expert[1] = 0  # an expert pruned to zeros is no evidence of anything
     weights_class(zero_expert, right.scales)  # type: ignore[arg-type]  # mypy joins the classes
+
+
+def test_a_sparsemixer_layer_holds_a_top_k_from_its_logits_to_its_own_routing(gen: torch.Generator) -> None:
+    """A softmax top-k (with its logits, ``from_router_logits=True``) run by a sparsemixer layer was 0.67 off:
+    sparsemixer has no weight formula of ids, so it was never held to its logits; now it is routed again."""
+    mixer = MoeRunnerConfig(num_experts=8, hidden_size=32, intermediate_size_per_partition=16, top_k=2,
+                            routing_method=SparseMixer(jitter_eps=0.01))
+    softmax = attrs.evolve(mixer, routing_method=RoutingMethod.SOFTMAX_TOPK)
+    weights = DenseMoeWeights(w13=torch.randn(8, 32, 32, generator=gen), w2=torch.randn(8, 32, 16, generator=gen))
+    x, logits = torch.randn(6, 32, generator=gen), torch.randn(6, 8, generator=gen)
+    forward = REFERENCE_DENSE.bind(mixer, weights)
+    forward(StandardDispatchOutput(x, select_experts(logits, mixer)))  # its own routing runs
+    other = select_experts(logits, softmax)
+    claimed = TopKOutput(other.topk_ids, other.topk_weights, logits, num_experts=8, from_router_logits=True)
+    with pytest.raises(ValueError, match="topk_(ids|weights): sparsemixer routing of the top-k's own router_logits"):
+        forward(StandardDispatchOutput(x, claimed))
+
+
+def test_a_floored_renormalizing_routing_runs_its_own_top_k() -> None:
+    """ERNIE 4.5's routing (softmax scores chosen with a correction bias, renormalized over max(sum, 1e-12)) sums to 1
+    on every token: its own select_experts top-k was refused as 'renormalized weights of a method that does not
+    renormalize' (a correct program refused)."""
+    gen = torch.Generator().manual_seed(7)
+    ernie = GroupedTopK(n_group=1, topk_group=1, renormalize=True, scoring=Scoring.SOFTMAX, sum_floor=1e-12)
+    config = MoeRunnerConfig(num_experts=8, hidden_size=32, intermediate_size_per_partition=16, top_k=2,
+                             routing_method=ernie)
+    weights = DenseMoeWeights(w13=torch.randn(8, 32, 32, generator=gen), w2=torch.randn(8, 32, 16, generator=gen))
+    x, logits = torch.randn(12, 32, generator=gen), torch.randn(12, 8, generator=gen)
+    topk = select_experts(logits, config, score_correction_bias=torch.randn(8, generator=gen) * 0.1)
+    out = REFERENCE_DENSE.bind(config, weights)(StandardDispatchOutput(x, topk))
+    assert out.shape == x.shape and bool(torch.isfinite(out).all())
