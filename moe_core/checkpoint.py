@@ -56,6 +56,9 @@ class LayerSemantics:
     activation: ExpertActivation = Activation.SILU_GATED
     routed_scaling_factor: float = 1.0
     expert_biases: bool = False
+    correction_bias: bool = False
+    """The router chooses with a score correction bias (DeepSeek-V3's ``noaux_tc``): a checkpoint without it is
+    refused, since routing without it picks other experts for about a quarter of the tokens."""
 
 
 def _float_field(config: Mapping[str, object], key: str, default: float) -> float:
@@ -124,6 +127,7 @@ def _deepseek_v3(config: Mapping[str, object]) -> LayerSemantics:
         routing=routing,
         activation=_hidden_act(config),
         routed_scaling_factor=_float_field(config, "routed_scaling_factor", 2.5),  # transformers' default
+        correction_bias=True,
     )
 
 
@@ -417,6 +421,11 @@ class MoeCheckpoint:
         present = {name: key for name, key in extra.items() if key in self.weight_map}
         tensors = dict(self._read(list(present.values())))
         bias, correction = (tensors.get(extra[name]) for name in ("bias", "e_score_correction_bias"))
+        if correction is None and self.semantics.correction_bias:
+            raise ValueError(
+                f"{extra['e_score_correction_bias']}: not in {self.directory}, and its topk_method noaux_tc chooses "
+                "experts with it (routing without it picks other experts for about a quarter of the tokens)"
+            )
         if self.names.float32_router:
             weight = weight.float()
             bias = None if bias is None else bias.float()

@@ -40,6 +40,12 @@ from moe_core.config import (
 from moe_core.dispatch import TopKOutput
 
 
+class Unset(enum.Enum):
+    """The default of an argument that must be given explicitly where it matters."""
+
+    UNSET = "unset"
+
+
 @final
 @attrs.frozen(eq=False, kw_only=True)
 class Router:
@@ -54,8 +60,10 @@ class Router:
     """``[num_experts, hidden_size]``."""
     bias: torch.Tensor | None = None
     """``[num_experts]`` (gpt-oss)."""
-    score_correction_bias: torch.Tensor | None = None
-    """``[num_experts]``, float32."""
+    score_correction_bias: torch.Tensor | None | Unset = Unset.UNSET
+    """``[num_experts]``, float32. Under :class:`~moe_core.config.GroupedTopK` routing it must be given, None for a
+    router without one (DeepSeek-V3's routing without its bias picks other experts for a quarter of the tokens, so
+    leaving it out is refused, not a default); other methods take none."""
 
     def __attrs_post_init__(self) -> None:
         require_tensor("Router.weight", self.weight)
@@ -63,7 +71,7 @@ class Router:
         require_ndim("Router.weight", self.weight, 2, "[num_experts, hidden_size]")
         tensors = [("weight", self.weight)]
         for name, tensor in (("bias", self.bias), ("score_correction_bias", self.score_correction_bias)):
-            if tensor is not None:
+            if tensor is not None and not isinstance(tensor, Unset):
                 require_tensor(f"Router.{name}", tensor)
                 require_dtype(f"Router.{name}", tensor, FLOAT_DTYPES)
                 require_shape(f"Router.{name}", tensor, (self.num_experts,), "[num_experts] like weight")
@@ -174,12 +182,6 @@ def _sparsemixer(logits: torch.Tensor, method: SparseMixer) -> tuple[torch.Tenso
     return torch.cat((first_weight, second_weight), dim=-1), torch.cat((first, second), dim=-1)
 
 
-class Unset(enum.Enum):
-    """The default of an argument that must be given explicitly where it matters."""
-
-    UNSET = "unset"
-
-
 def check_router_logits(router_logits: torch.Tensor, config: MoeRunnerConfig) -> None:
     """Raise unless ``router_logits`` is a float ``[T, num_experts]`` tensor of ``config``'s layer (metadata only):
     what :func:`select_experts` and the fused routing kernels take."""
@@ -261,6 +263,12 @@ def check_router(router: Router, config: MoeRunnerConfig) -> None:
             "scores chosen with a correction bias (MiniMax-M2, AFMoE, LFM2) are GroupedTopK(n_group=1, topk_group=1, "
             "renormalize=...) with Router(score_correction_bias=...)"
         )
+    if isinstance(router.score_correction_bias, Unset) and isinstance(config.routing_method, GroupedTopK):
+        raise ValueError(
+            f"Router.score_correction_bias: {config.routing_method.value} routing chooses with the router's correction "
+            "bias (DeepSeek-V3's e_score_correction_bias): pass it, or score_correction_bias=None for a router without "
+            "one (MoeCheckpoint.router(layer) reads the checkpoint's)"
+        )
 
 
 class FusedRouting(Protocol):
@@ -326,10 +334,11 @@ def route(
         raise TypeError(f"route: fused is True, False or None (automatic), got {fused!r}")
     check_router(router, config)
     logits = router.logits(hidden_states)
+    bias = None if isinstance(router.score_correction_bias, Unset) else router.score_correction_bias  # checked above
     if fused is not False:
         kernel = fused_routing(config, logits.device, interpreter=fused is True)
         if not isinstance(kernel, str):
-            return kernel(logits, config, score_correction_bias=router.score_correction_bias)
+            return kernel(logits, config, score_correction_bias=bias)
         if fused:
             raise ValueError(f"route(fused=True): {kernel}")
-    return select_experts(logits, config, score_correction_bias=router.score_correction_bias)
+    return select_experts(logits, config, score_correction_bias=bias)

@@ -224,3 +224,15 @@ def test_a_correction_bias_passed_as_the_logit_bias_is_refused(gen: torch.Genera
         route(torch.randn(3, 16, generator=gen), misplaced, config)
     placed = Router(weight=misplaced.weight, score_correction_bias=correction)
     assert route(torch.randn(3, 16, generator=gen), placed, config).topk_ids.shape == (3, config.top_k)
+
+
+def test_a_grouped_router_names_its_correction_bias_or_none(gen: torch.Generator) -> None:
+    """``Router(weight=...)`` for DeepSeek-V3's routing left its correction bias out silently (a quarter of the tokens
+    to other experts, 0.67 off: an adversarial pass); a grouped router now says it has one, or None."""
+    config = _config(GroupedTopK(n_group=4, topk_group=2, renormalize=True))
+    weight, x = torch.randn(E, 16, generator=gen), torch.randn(3, 16, generator=gen)
+    with pytest.raises(ValueError, match=r"Router\.score_correction_bias: grouped_topk routing chooses with the "
+                                         r"router's correction bias .* or score_correction_bias=None"):
+        route(x, Router(weight=weight), config)
+    assert route(x, Router(weight=weight, score_correction_bias=None), config).topk_ids.shape == (3, config.top_k)
+    assert route(x, Router(weight=weight), _config(RoutingMethod.SOFTMAX_TOPK)).topk_ids.shape == (3, config.top_k)

@@ -239,9 +239,9 @@ def test_route_takes_the_fused_kernel_where_it_applies(gen: torch.Generator, mon
     for method in [*fused_routings(16, 2), SparseMixer(jitter_eps=0.01)]:
         config = layer(method, 16, 2)
         grouped = isinstance(method, GroupedTopK)
-        router = Router(weight=torch.randn(16, 64, generator=gen).to(DEVICE),
-                        score_correction_bias=random_bias(gen, method, 16) if isinstance(method, GroupedTopK) else None)
-        logits, bias = router.logits(x), router.score_correction_bias
+        bias = random_bias(gen, method, 16) if isinstance(method, GroupedTopK) else None
+        router = Router(weight=torch.randn(16, 64, generator=gen).to(DEVICE), score_correction_bias=bias)
+        logits = router.logits(x)
         plain = select_experts(logits, config, score_correction_bias=bias)
         mixer = isinstance(method, SparseMixer)
         auto = route(x, router, config)
@@ -294,7 +294,7 @@ def test_a_layer_routes_with_the_kernel_inside_a_cuda_graph(gen: torch.Generator
     static_x.copy_(fresh)
     graph.replay()
     torch.testing.assert_close(captured, built(fresh), rtol=0, atol=0)
-    plain = select_experts(router.logits(fresh), config, score_correction_bias=router.score_correction_bias)
+    plain = select_experts(router.logits(fresh), config, score_correction_bias=router.score_correction_bias)  # its own
     expected = built.experts(StandardDispatchOutput(fresh, plain)).double()
     assert float((captured.double() - expected).norm() / expected.norm()) < 2.0**-8
 

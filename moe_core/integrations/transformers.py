@@ -396,7 +396,7 @@ def _deepseek_v2(block: nn.Module, config: object) -> BlockParts:
         top_k=_get(block, "gate.top_k", int),
         activation=activation,
         routing=routing,
-        router=Router(weight=_tensor(block, "gate.weight").float()),
+        router=Router(weight=_tensor(block, "gate.weight").float(), score_correction_bias=None),  # DeepSeek-V2 has none
         weights=_experts(block),
         routed_scaling_factor=_float(block, "gate.routed_scaling_factor"),
         shared_expert=_mlp(block, "shared_experts", activation),
@@ -769,7 +769,7 @@ def _mistral4(float32_router: bool) -> Callable[[nn.Module, object], BlockParts]
             top_k=_get(block, "gate.top_k", int),
             activation=activation,
             routing=routing,
-            router=Router(weight=weight.float() if float32_router else weight),
+            router=Router(weight=weight.float() if float32_router else weight, score_correction_bias=None),  # none
             weights=_experts(block),
             routed_scaling_factor=_float(block, "gate.routed_scaling_factor"),
             shared_expert=_mlp(block, "shared_experts", activation),
