@@ -34,6 +34,7 @@ from typing import Generic, Protocol, TypeVar, final, overload
 import attrs
 import torch
 
+from moe_core._checks import write_count
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig
 from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
@@ -67,6 +68,12 @@ class BoundRunner(Generic[Q]):
 
     runner: Runner[Q]
     quant_info: Q
+    _writes: tuple[tuple[str, torch.Tensor, int], ...] = attrs.field(init=False, repr=False)
+    """Each tensor the quant info holds, by field path, with its write count at binding."""
+
+    def __attrs_post_init__(self) -> None:
+        tensors = _held_tensors(type(self.quant_info).__name__, self.quant_info)
+        object.__setattr__(self, "_writes", tuple((path, t, write_count(t)) for path, t in tensors if write_count(t) >= 0))
 
     def __call__(self, dispatch: DispatchOutput, /) -> torch.Tensor:
         """``runner.run(dispatch, quant_info)``; for standard dispatches, the output is held to the
@@ -74,6 +81,13 @@ class BoundRunner(Generic[Q]):
         returns something else is named instead of passing it on. A top-k built with ``check_values`` (the default)
         has its values checked against the layer first (:func:`~moe_core.runner.check_run_values`), whichever
         backend runs: kernels read no values."""
+        for path, tensor, count in self._writes:
+            if write_count(tensor) != count:
+                raise RuntimeError(
+                    f"{path}: written in place after it was bound ({write_count(tensor) - count} write(s), e.g. a staging "
+                    "buffer reused for the next layer's weights): bound weights are immutable; bind new ones (a scheme "
+                    "reloads through its loader)"
+                )
         if dispatch.topk.check_values:
             check_run_values(self.runner.config, dispatch)
         out = self.runner.run(dispatch, self.quant_info)
@@ -89,6 +103,21 @@ class BoundRunner(Generic[Q]):
                     f"{tuple(hidden.shape)} {hidden.dtype} on {hidden.device} (the Runner contract)"
                 )
         return out
+
+
+def _held_tensors(path: str, value: object) -> list[tuple[str, torch.Tensor]]:
+    """The tensors ``value`` holds through attrs fields, tuples and lists, each with its path from ``path``."""
+    if isinstance(value, torch.Tensor):
+        return [(path, value)]
+    if isinstance(value, (tuple, list)):
+        return [found for index, item in enumerate(value) for found in _held_tensors(f"{path}[{index}]", item)]
+    kind = type(value)
+    if attrs.has(kind):
+        return [
+            found for field in attrs.fields(kind)
+            for found in _held_tensors(f"{path}.{field.name.lstrip('_')}", getattr(value, field.name))
+        ]
+    return []
 
 
 SupportsCheck = Callable[[DeviceSpec, LayerSpec], Support]

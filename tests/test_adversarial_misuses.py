@@ -39,10 +39,14 @@ from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights
 from moe_core.backends.flashinfer_cutlass.runner import CutlassRunner
 from moe_core.backends.flashinfer_trtllm_fp4.runner import TrtllmFp4Runner
 from moe_core.backends.reference import REFERENCE_DENSE
+from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.checkpoint import MoeCheckpoint
 from moe_core.distributed import ExpertParallelMoe, LocalDispatcher, load_expert_parallel
 from moe_core.formats.dense import ExpertBiases
+from moe_core.formats import NVFP4
 from moe_core.formats.fp8 import Fp8MoeWeights
+from moe_core.registry import choose
+from moe_core.synthetic import random_nvfp4_layer
 from moe_core.fp8 import ExpertFp8Scales, Fp8BlockExpertWeights, Fp8ChannelExpertWeights, Fp8ExpertWeights, Fp8GateUpWeights
 from moe_core.layer import SharedExpert, dense_layer
 from moe_core.routing import Router
@@ -414,3 +418,25 @@ def test_a_floored_renormalizing_routing_runs_its_own_top_k() -> None:
     topk = select_experts(logits, config, score_correction_bias=torch.randn(8, generator=gen) * 0.1)
     out = REFERENCE_DENSE.bind(config, weights)(StandardDispatchOutput(x, topk))
     assert out.shape == x.shape and bool(torch.isfinite(out).all())
+
+
+def test_weights_written_in_place_after_binding_refuse_to_run(gen: torch.Generator) -> None:
+    """A staging buffer reused for the next layer's weights after binding (``buf.copy_(layer1)``) ran 1.32 off, and
+    packed NVFP4 codes written the same way 1.45 off: every tensor a bound forward holds is now held to its write
+    count at binding."""
+    config = MoeRunnerConfig(num_experts=4, hidden_size=32, intermediate_size_per_partition=16, top_k=2)
+    buffer13, buffer2 = torch.randn(4, 32, 32, generator=gen), torch.randn(4, 32, 16, generator=gen)
+    forward = REFERENCE_DENSE.bind(config, DenseMoeWeights(w13=buffer13, w2=buffer2))
+    x = torch.randn(5, 32, generator=gen)
+    dispatch = StandardDispatchOutput(x, select_experts(torch.randn(5, 4, generator=gen), config))
+    forward(dispatch)
+    buffer13.copy_(torch.randn(4, 32, 32, generator=gen))
+    with pytest.raises(RuntimeError, match=r"\.w13: written in place after it was bound \(1 write\(s\)"):
+        forward(dispatch)
+    seed = int(torch.randint(2**31, (1,), generator=gen))
+    nvfp4, routed = random_nvfp4_layer(config, 6, torch.float32, torch.device("cpu"), seed)
+    bound = choose(NVFP4, DeviceSpec.parse("cpu"), LayerSpec(config, NVFP4)).chosen.bind(config, nvfp4)
+    bound(routed)
+    nvfp4.w2.packed.view(torch.uint8).bitwise_xor_(0x11)  # the nibbles of another layer
+    with pytest.raises(RuntimeError, match=r"w2\..*packed.*: written in place after it was bound"):
+        bound(routed)

@@ -147,8 +147,10 @@ def test_a_layer_whose_scale_was_written_refuses_to_run(gen: torch.Generator) ->
     forward = choose(NVFP4, DeviceSpec.parse("cpu"), LayerSpec(config, NVFP4)).chosen.bind(config, weights)
     forward(dispatch)
     weights.w13_input_scale.value.mul_(2)
-    with pytest.raises(RuntimeError, match="QuantizeGlobalScale: its tensor was written in place"):
+    with pytest.raises(RuntimeError, match=r"Nvfp4MoeWeights\.w13_input_scale\.value: written in place after it was bound"):
         forward(dispatch)
+    with pytest.raises(RuntimeError, match="QuantizeGlobalScale: its tensor was written in place"):
+        weights.w13_input_scale.value
 
 
 def test_copies_and_pickles_rebuild_through_the_checks(gen: torch.Generator) -> None:
