@@ -44,6 +44,10 @@ E8M0_BIAS = 127
 """The exponent bias of an E8M0 scale: code ``e`` stands for ``2 ** (e - 127)``."""
 E8M0_NAN = 255
 """The E8M0 code that stands for NaN: refused in a scale."""
+E8M0_MAX_CODE = 240
+"""The largest exponent taken (a block scale of ``2 ** 113``, far above any model's weights, whose exponents sit
+near 127): every kernel decodes up to it (Triton folds its decode's ``2 ** 14`` into the scale, a float32 up to
+here), and uint8 arithmetic that wrapped (``scales - 127`` on the exponents of weights below 1) lands above it."""
 
 
 @final
@@ -72,8 +76,16 @@ class E8M0Scales:
         require_dtype(name, codes, (torch.uint8,))
         if codes.dim() < 2:
             raise ValueError(f"{name}: expected a tensor [..., rows, cols / {MXFP4_BLOCK}], got shape {tuple(codes.shape)}")
-        if values_readable(codes) and bool((codes == E8M0_NAN).any()):
-            raise ValueError(f"{name}: expected exponents below {E8M0_NAN} (E8M0 {E8M0_NAN} is NaN), found some")
+        if values_readable(codes) and codes.numel():
+            if bool((codes == E8M0_NAN).any()):
+                raise ValueError(f"{name}: expected exponents below {E8M0_NAN} (E8M0 {E8M0_NAN} is NaN), found some")
+            largest = int(codes.max())
+            if largest > E8M0_MAX_CODE:
+                raise ValueError(
+                    f"{name}: expected exponents up to {E8M0_MAX_CODE} (block scales up to 2**{E8M0_MAX_CODE - E8M0_BIAS}), "
+                    f"found {largest}: biased exponents as the checkpoint stores them, not shifted by the bias (uint8 "
+                    "arithmetic wraps)?"
+                )
         codes = countable(codes)
         scales = object.__new__(cls)
         object.__setattr__(scales, "_codes", codes)

@@ -49,6 +49,7 @@ from moe_core.registry import choose
 from moe_core.synthetic import random_nvfp4_layer
 from moe_core.fp8 import ExpertFp8Scales, Fp8BlockExpertWeights, Fp8ChannelExpertWeights, Fp8ExpertWeights, Fp8GateUpWeights
 from moe_core.layer import SharedExpert, dense_layer
+from moe_core.mxfp4 import Mxfp4ExpertWeights
 from moe_core.routing import Router
 from tests.test_kernel_models import cutlass_model_kernels, trtllm_model_kernels
 
@@ -440,3 +441,15 @@ def test_weights_written_in_place_after_binding_refuse_to_run(gen: torch.Generat
     nvfp4.w2.packed.view(torch.uint8).bitwise_xor_(0x11)  # the nibbles of another layer
     with pytest.raises(RuntimeError, match=r"w2\..*packed.*: written in place after it was bound"):
         bound(routed)
+
+
+def test_mxfp4_exponents_shifted_by_their_bias_are_refused(gen: torch.Generator) -> None:
+    """``scales - 127`` on a checkpoint's uint8 exponents wraps those below 127 to 2**114 and more: the layer's output
+    was NaN with no error. Exponents above 240 (what every kernel decodes) are refused by name."""
+    weights = torch.randn(2, 16, 64, generator=gen) / 8
+    quantized = Mxfp4ExpertWeights.quantize(weights)
+    codes = quantized.scales.codes
+    assert int(codes.max()) < 127  # weights below 1: every exponent below the bias
+    Mxfp4ExpertWeights.from_checkpoint(quantized.packed.reshape(2, 16, 2, 16), codes)  # as stored: taken
+    with pytest.raises(ValueError, match=r"E8M0Scales.codes: expected exponents up to 240 .* not shifted by the bias"):
+        Mxfp4ExpertWeights.from_checkpoint(quantized.packed.reshape(2, 16, 2, 16), codes - 127)

@@ -43,7 +43,8 @@ from moe_core import (
 from moe_core.backends.reference import REFERENCE_MXFP4
 from moe_core.backends.triton import TRITON_MXFP4_W4A16, plans
 from moe_core.backends.triton.configs import MXFP4_DEQUANTIZE_ROWS, KernelConfig, crossover_file, mxfp4_dequantizes
-from moe_core.backends.triton.quant_info import MXFP4_MAX_EXPONENT, TritonMxfp4W4A16Weights
+from moe_core.backends.triton.quant_info import TritonMxfp4W4A16Weights
+from moe_core.mxfp4 import E8M0_MAX_CODE
 from moe_core.backends.triton.launch import dequantize_mxfp4
 from moe_core.backends.triton.runner import TritonRunner
 from moe_core.capability import DeviceSpec, LayerSpec
@@ -204,7 +205,7 @@ def test_dequantize_is_exact(gen: torch.Generator) -> None:
     wrongly (the float32 products are exact, and torch rounds them to the reference's bf16)."""
     weights = Mxfp4ExpertWeights.quantize(torch.randn(3, 40, 352, generator=gen).to(DEVICE))  # 176 bytes a row
     codes = torch.randint(100, 150, weights.scales.shape, generator=gen, dtype=torch.uint8)
-    codes[0, 0, 0], codes[0, 1, 1], codes[1, 2, 3], codes[2, 39, 10] = 0, 2, MXFP4_MAX_EXPONENT, 127
+    codes[0, 0, 0], codes[0, 1, 1], codes[1, 2, 3], codes[2, 39, 10] = 0, 2, E8M0_MAX_CODE, 127
     weights = Mxfp4ExpertWeights(weights.packed, E8M0Scales.from_checkpoint(codes.to(DEVICE)))
     exact = weights.dequantize()
     wide = dequantize_mxfp4(weights.packed, weights.scales.codes, torch.float32)
@@ -215,7 +216,7 @@ def test_dequantize_is_exact(gen: torch.Generator) -> None:
     assert torch.equal(out[normal], weights.dequantize(torch.bfloat16)[normal])
 
 
-def test_conversion_keeps_codes_and_exponents_and_refuses_what_the_kernel_cannot_decode(gen: torch.Generator) -> None:
+def test_conversion_keeps_codes_and_exponents_and_the_format_refuses_what_no_kernel_decodes(gen: torch.Generator) -> None:
     config, weights, _ = mxfp4_layer(gen, SHAPES[0], torch.bfloat16)
     kernel_weights = TritonMxfp4W4A16Weights.from_mxfp4(weights)
     assert torch.equal(kernel_weights.w13_packed, weights.w13.packed)
@@ -224,10 +225,9 @@ def test_conversion_keeps_codes_and_exponents_and_refuses_what_the_kernel_cannot
     _, _, _, hidden, inter, local, _ = SHAPES[0]
     assert (kernel_weights.num_experts, kernel_weights.hidden_size, kernel_weights.intermediate_size) == (local, hidden, inter)
     codes = weights.w2.scales.codes.clone()
-    codes[1, 3, 0] = MXFP4_MAX_EXPONENT + 1
-    huge = Mxfp4MoeWeights(w13=weights.w13, w2=Mxfp4ExpertWeights(weights.w2.packed, E8M0Scales.from_checkpoint(codes)))
-    with pytest.raises(ValueError, match=r"w2_scales: exponents up to 240 .* found 241"):
-        TritonMxfp4W4A16Weights.from_mxfp4(huge)
+    codes[1, 3, 0] = E8M0_MAX_CODE + 1  # beyond what the kernels decode: refused by the format, before any backend
+    with pytest.raises(ValueError, match=r"E8M0Scales.codes: expected exponents up to 240 .* found 241"):
+        E8M0Scales.from_checkpoint(codes)
 
 
 def test_weights_that_disagree_with_the_activation_or_biases_are_refused(gen: torch.Generator) -> None:

@@ -39,7 +39,7 @@ from moe_core import (
     Nvfp4ExpertWeights,
     Nvfp4W4A16MoeWeights,
 )
-from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor, values_readable
+from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
 from moe_core.fp8 import FP8_BLOCK
 from moe_core.formats._experts import TensorExperts
 from moe_core.formats.dense import ExpertBiases
@@ -200,11 +200,6 @@ class TritonNvfp4W4A16Weights(_PackedFp4Experts):
         )
 
 
-MXFP4_MAX_EXPONENT = 240
-"""The largest E8M0 exponent the kernels decode (a block scale of ``2 ** 113``): they fold the decode's ``2^14`` into
-the scale, and ``2 ** (e - 113)`` is a float32 up to here. gpt-oss's exponents sit near 127 (scales near 1)."""
-
-
 @final
 @attrs.frozen(eq=False, kw_only=True)
 class TritonMxfp4W4A16Weights(_PackedFp4Experts):
@@ -214,8 +209,7 @@ class TritonMxfp4W4A16Weights(_PackedFp4Experts):
     low nibble) and their E8M0 exponents ``[E, rows, cols / 32]``, both
     contiguous, w13's gate rows first; no global scale. Optionally each
     expert's biases, contiguous float32 (``w13 [E, 2I]``, ``w2 [E, H]``),
-    added in the GEMMs' epilogues. Exponents above :data:`MXFP4_MAX_EXPONENT`
-    are refused (read once, where the values are readable: not on meta).
+    added in the GEMMs' epilogues. The kernels decode every exponent :class:`~moe_core.mxfp4.E8M0Scales` takes.
     """
 
     w13_packed: torch.Tensor
@@ -240,11 +234,6 @@ class TritonMxfp4W4A16Weights(_PackedFp4Experts):
             codes = scales.codes
             if not codes.is_contiguous():
                 raise ValueError(f"{label}.{name}_scales: expected contiguous exponents")
-            if values_readable(codes) and codes.numel() and int(codes.max()) > MXFP4_MAX_EXPONENT:
-                raise ValueError(
-                    f"{label}.{name}_scales: exponents up to {MXFP4_MAX_EXPONENT} (scales up to 2**113) decode in the "
-                    f"kernels, found {int(codes.max())}"
-                )
             tensors.append((f"{name}_scales", codes))
         if self.biases is not None:
             if not isinstance(self.biases, ExpertBiases):
