@@ -54,11 +54,13 @@ class TopKOutput:
     num_experts: int = attrs.field(kw_only=True)
     """Experts of the whole layer (global ids), the bound every id is below."""
     check_values: bool = attrs.field(default=True, kw_only=True, repr=False)
-    from_router_logits: bool = attrs.field(default=False, kw_only=True)
+    from_router_logits: bool | None = attrs.field(default=None, kw_only=True)
     """True where ``topk_ids`` and ``topk_weights`` are what :func:`~moe_core.select_experts` computed from
-    ``router_logits`` (it sets this): only then may a kernel that routes internally route from the logits instead.
-    A top-k built or edited elsewhere (capacity drops, expert-load-balancing remaps) keeps False, and every kernel
-    runs its ids and weights as given."""
+    ``router_logits`` (it sets this): only then may a kernel that routes internally route from the logits instead,
+    and a checked top-k is held to its routing method's weights of them. A top-k built or edited elsewhere
+    (capacity drops, expert-load-balancing remaps, ids reordered) says False, and every kernel runs its ids and
+    weights as given. A top-k that carries ``router_logits`` must say which (None is refused there: ids sorted
+    without their weights ran silently under the default); without logits None stands for False."""
 
     def __attrs_post_init__(self) -> None:
         require_int("num_experts", self.num_experts, minimum=1)
@@ -79,7 +81,12 @@ class TopKOutput:
         require_same_device(tensors)
         if self.top_k > self.num_experts:
             raise ValueError(f"topk_ids: expected at most num_experts={self.num_experts} columns, got {self.top_k}")
-        if not isinstance(self.from_router_logits, bool):
+        if self.from_router_logits is None and self.router_logits is not None:
+            raise TypeError(
+                "from_router_logits: a top-k that carries router_logits says whether its ids and weights are "
+                "select_experts' own of them (True: held to them) or were built or edited otherwise (False)"
+            )
+        if self.from_router_logits is not None and not isinstance(self.from_router_logits, bool):
             raise TypeError(f"from_router_logits: expected a bool, got {type(self.from_router_logits).__name__}")
         if self.from_router_logits and self.router_logits is None:
             raise ValueError("from_router_logits: a top-k computed from router logits carries them (router_logits=None)")

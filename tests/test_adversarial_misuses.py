@@ -351,7 +351,7 @@ def test_weights_scaled_inside_their_bound_are_refused_where_the_top_k_was_route
     for topk in (attrs.evolve(own, topk_weights=scaled), claimed):
         with pytest.raises(ValueError, match=r"routing of the top-k's own router_logits gives token \d+'s expert \d+ the weight"):
             layer(StandardDispatchOutput(x, topk))
-    layer(StandardDispatchOutput(x, TopKOutput(own.topk_ids, scaled, logits, num_experts=E)))  # edited: not seen
+    layer(StandardDispatchOutput(x, TopKOutput(own.topk_ids, scaled, logits, num_experts=E, from_router_logits=False)))  # edited: not seen
     layer(StandardDispatchOutput(x, TopKOutput(own.topk_ids, scaled, num_experts=E)))  # without logits: not seen
 
 
@@ -453,3 +453,20 @@ def test_mxfp4_exponents_shifted_by_their_bias_are_refused(gen: torch.Generator)
     Mxfp4ExpertWeights.from_checkpoint(quantized.packed.reshape(2, 16, 2, 16), codes)  # as stored: taken
     with pytest.raises(ValueError, match=r"E8M0Scales.codes: expected exponents up to 240 .* not shifted by the bias"):
         Mxfp4ExpertWeights.from_checkpoint(quantized.packed.reshape(2, 16, 2, 16), codes - 127)
+
+
+def test_a_top_k_carrying_logits_says_whether_it_is_their_routing(gen: torch.Generator) -> None:
+    """``TopKOutput(ids.sort(-1).values, weights, logits, num_experts=E)`` (ids reordered, weights not) ran 0.56 off
+    under the default ``from_router_logits=False``; a top-k with logits now says which it is, and saying True holds
+    it to them."""
+    config = MoeRunnerConfig(num_experts=8, hidden_size=32, intermediate_size_per_partition=16, top_k=3)
+    logits = torch.randn(6, 8, generator=gen)
+    own = select_experts(logits, config)
+    reordered = own.topk_ids.sort(dim=-1).values
+    assert not torch.equal(reordered, own.topk_ids)
+    with pytest.raises(TypeError, match="from_router_logits: a top-k that carries router_logits says whether"):
+        TopKOutput(reordered, own.topk_weights, logits, num_experts=8)
+    claimed = TopKOutput(reordered, own.topk_weights, logits, num_experts=8, from_router_logits=True)
+    weights = DenseMoeWeights(w13=torch.randn(8, 32, 32, generator=gen), w2=torch.randn(8, 32, 16, generator=gen))
+    with pytest.raises(ValueError, match="routing of the top-k's own router_logits gives token"):
+        REFERENCE_DENSE.bind(config, weights)(StandardDispatchOutput(torch.randn(6, 32, generator=gen), claimed))

@@ -59,7 +59,7 @@ def test_topk_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match=r"topk_ids: expected ids < 8 \(num_experts\), got 8"):
         TopKOutput(ids + 1, weights, num_experts=8)
     with pytest.raises(ValueError, match=r"router_logits: expected shape \(4, 8\)"):
-        TopKOutput(ids, weights, torch.randn(4, 6), num_experts=8)
+        TopKOutput(ids, weights, torch.randn(4, 6), num_experts=8, from_router_logits=False)
     unchecked = TopKOutput(ids - 1, weights, num_experts=8, check_values=False)
     assert int(unchecked.topk_ids.min()) == -1, "check_values=False skips only the value checks"
     with pytest.raises(TypeError, match="topk_weights: expected a torch.Tensor, got list"):

@@ -339,7 +339,8 @@ class TestTrtllmFp4:
         config, _, weights, routed = layer((37, 8, 2, 256, 128, 8, 0), gen)
         other = select_experts(torch.randn(37, 8, generator=gen), config)
         assert not torch.equal(other.topk_ids, routed.topk.topk_ids)
-        edited = TopKOutput(routed.topk.topk_ids, routed.topk.topk_weights, other.router_logits, num_experts=8)
+        edited = TopKOutput(routed.topk.topk_ids, routed.topk.topk_weights, other.router_logits, num_experts=8,
+                            from_router_logits=False)
         dispatch = StandardDispatchOutput(routed.hidden_states, edited)
         kernels = trtllm_model_kernels()
         out = TrtllmFp4Runner(config, kernels=kernels).run(dispatch, TrtllmFp4Weights.from_nvfp4(weights))
@@ -507,7 +508,8 @@ class TestCutlass:
         config, _, weights, routed = layer((37, 8, 2, 256, 128, 8, 0), gen)
         other = select_experts(torch.randn(37, 8, generator=gen), config)
         assert not torch.equal(other.topk_ids, routed.topk.topk_ids)
-        edited = TopKOutput(routed.topk.topk_ids, routed.topk.topk_weights, other.router_logits, num_experts=8)
+        edited = TopKOutput(routed.topk.topk_ids, routed.topk.topk_weights, other.router_logits, num_experts=8,
+                            from_router_logits=False)
         dispatch = StandardDispatchOutput(routed.hidden_states, edited)
         kernels = trtllm_model_kernels()
         out = TrtllmFp4Runner(config, kernels=kernels).run(dispatch, TrtllmFp4Weights.from_nvfp4(weights))

@@ -403,7 +403,7 @@ def test_top_k_ids_that_are_a_column_view_combine_as_contiguous_ones(gen: torch.
     config, weights, dispatch = make_layer(gen, (19, 8, 2, 64, 32, 4, 4), DTYPES[0])
     topk = dispatch.topk
     wide = torch.cat((topk.topk_ids, torch.full((19, 1), 7, dtype=torch.int32, device=DEVICE)), dim=1)
-    sliced = TopKOutput(wide[:, :2], topk.topk_weights, topk.router_logits, num_experts=8)
+    sliced = TopKOutput(wide[:, :2], topk.topk_weights, topk.router_logits, num_experts=8, from_router_logits=False)
     assert not sliced.topk_ids.is_contiguous()
     kernel_weights = TritonDenseWeights.from_dense(weights)
     runner = create_runner(TRITON_DENSE, config)
