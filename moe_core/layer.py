@@ -148,8 +148,9 @@ class MoeLayer:
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, TopKOutput]:
         """The output and the routing that produced it (for blocks that also return weights or logits)."""
         topk = route(hidden_states, self.router, self.config, fused=self.fused_routing)
-        # the layer's own routing: its values were checked as the top-k was built, and its weights are the method's
-        own = TopKOutput(
+        # the layer's own routing: its values were checked as the top-k was built (or are the fused kernel's, by
+        # construction), and its weights are the method's; the runner need not read them back again
+        own = topk if not topk.check_values else TopKOutput(
             topk.topk_ids, topk.topk_weights, topk.router_logits, num_experts=topk.num_experts, check_values=False,
             from_router_logits=True,
         )
