@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from moe_core.fp8 import Fp8TensorScale as Fp8TensorScale
     from moe_core.global_scales import DequantizeGlobalScale as DequantizeGlobalScale
     from moe_core.global_scales import ExpertDequantizeGlobalScales as ExpertDequantizeGlobalScales
+    from moe_core.global_scales import ExpertInputScales as ExpertInputScales
     from moe_core.global_scales import ExpertQuantizeGlobalScales as ExpertQuantizeGlobalScales
     from moe_core.global_scales import ExpertScalePolicy as ExpertScalePolicy
     from moe_core.global_scales import QuantizeGlobalScale as QuantizeGlobalScale
@@ -168,6 +169,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "moe_core.global_scales": (
         "DequantizeGlobalScale",
         "ExpertDequantizeGlobalScales",
+        "ExpertInputScales",
         "ExpertQuantizeGlobalScales",
         "ExpertScalePolicy",
         "QuantizeGlobalScale",
@@ -232,6 +234,7 @@ __all__ = [
     "ExpertActivation",
     "ExpertDequantizeGlobalScales",
     "ExpertFp8Scales",
+    "ExpertInputScales",
     "ExpertQuantizeGlobalScales",
     "ExpertScalePolicy",
     "FP8",

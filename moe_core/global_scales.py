@@ -501,12 +501,14 @@ class QuantizeGlobalScale(_ScalarScale):
         return cls._of(torch.reciprocal(scale.value), scale.experts)
 
     @classmethod
-    def from_experts(cls, scales: ExpertQuantizeGlobalScales, *, policy: ExpertScalePolicy) -> QuantizeGlobalScale:
+    def from_experts(
+        cls, scales: ExpertInputScales | ExpertQuantizeGlobalScales, *, policy: ExpertScalePolicy
+    ) -> QuantizeGlobalScale:
         """Collapse per-expert scales into one scalar under ``policy``."""
-        if not isinstance(scales, ExpertQuantizeGlobalScales):
-            raise TypeError(f"scales: expected ExpertQuantizeGlobalScales, got {type(scales).__name__}")
+        if not isinstance(scales, (ExpertInputScales, ExpertQuantizeGlobalScales)):
+            raise TypeError(f"scales: expected ExpertInputScales or ExpertQuantizeGlobalScales, got {type(scales).__name__}")
         return cls._of(
-            _collapse_global_scales("ExpertQuantizeGlobalScales", _per_expert(scales.value), policy, quantize_side=True),
+            _collapse_global_scales(type(scales).__name__, _per_expert(scales.value), policy, quantize_side=True),
             scales.num_experts,
         )
 
@@ -581,15 +583,6 @@ class ExpertQuantizeGlobalScales(_ExpertScales):
         return super().from_checkpoint(tensor)
 
     @classmethod
-    def from_checkpoint_shards(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertQuantizeGlobalScales:
-        """Per-expert quantize-side scales from ``[E, shards]`` checkpoint values of one GEMM input (w1's and w3's
-        ``input_global_scale``), each expert's shards made one under ``policy``; refuses values below 1."""
-        name = f"{cls.__name__}.from_checkpoint_shards"
-        _require_convention(name, require_tensor(name, tensor), quantize_side=True)
-        _require_positive_experts(name, tensor)
-        return cls._of(_collapse_shards(name, tensor, policy, quantize_side=True))
-
-    @classmethod
     def from_dequantize(cls, scales: ExpertDequantizeGlobalScales) -> ExpertQuantizeGlobalScales:
         """Convert dequantize-side per-expert scales (their reciprocals)."""
         if not isinstance(scales, ExpertDequantizeGlobalScales):
@@ -615,20 +608,54 @@ class ExpertDequantizeGlobalScales(_ExpertScales):
         return super().from_checkpoint(tensor)
 
     @classmethod
-    def from_checkpoint_shards(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertDequantizeGlobalScales:
-        """Per-expert dequantize-side scales from ``[E, shards]`` checkpoint values of one GEMM input (ModelOpt's w1
-        and w3 ``input_scale``), each expert's shards made one under ``policy``; refuses values above 1."""
-        name = f"{cls.__name__}.from_checkpoint_shards"
-        _require_convention(name, require_tensor(name, tensor), quantize_side=False)
-        _require_positive_experts(name, tensor)
-        return cls._of(_collapse_shards(name, tensor, policy, quantize_side=False))
-
-    @classmethod
     def from_quantize(cls, scales: ExpertQuantizeGlobalScales) -> ExpertDequantizeGlobalScales:
         """Convert quantize-side per-expert scales (their reciprocals)."""
         if not isinstance(scales, ExpertQuantizeGlobalScales):
             raise TypeError(f"scales: expected ExpertQuantizeGlobalScales, got {type(scales).__name__}")
         return cls._of(torch.reciprocal(scales.value))
+
+
+@final
+@attrs.frozen(eq=False)
+class ExpertInputScales(_ExpertScales):
+    """Quantize-side global scales of one GEMM's input, one per expert (``[E]`` float32): the per-expert
+    input-scale mode (:class:`~moe_core.Nvfp4PerExpertMoeWeights`).
+
+    Its own type, not :class:`ExpertQuantizeGlobalScales`: both are quantize-side ``[E]`` values, and an input's
+    scales collapsed from w1's and w3's shards in place of a weight's global scales (the other half's codes
+    dequantized at this half's scale) ran 2.64 off.
+    """
+
+    @classmethod
+    def from_amax(cls, amax: torch.Tensor) -> ExpertInputScales:
+        """Each expert's scale from the amax of the inputs routed to it (``[E]``, each > 0)."""
+        return cls._of(NVFP4_RANGE / _expert_amax(amax))
+
+    @classmethod
+    def from_checkpoint(cls, tensor: torch.Tensor) -> ExpertInputScales:
+        """Per-expert quantize-side input scales as a checkpoint stores them, ``[E]`` float32; refuses a value
+        below 1 (one on the dequantize side, see :func:`_require_convention`)."""
+        _require_convention(f"{cls.__name__}.from_checkpoint", tensor, quantize_side=True)
+        return super().from_checkpoint(tensor)
+
+    @classmethod
+    def from_checkpoint_shards(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertInputScales:
+        """From ``[E, shards]`` quantize-side checkpoint values of one GEMM input (compressed-tensors' w1 and w3
+        ``input_global_scale``), each expert's shards made one under ``policy``; refuses values below 1."""
+        name = f"{cls.__name__}.from_checkpoint_shards"
+        _require_convention(name, require_tensor(name, tensor), quantize_side=True)
+        _require_positive_experts(name, tensor)
+        return cls._of(_collapse_shards(name, tensor, policy, quantize_side=True))
+
+    @classmethod
+    def from_dequantize_checkpoint_shards(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertInputScales:
+        """From ``[E, shards]`` dequantize-side checkpoint values of one GEMM input (ModelOpt's w1 and w3
+        ``input_scale``), each expert's shards made one under ``policy``, then converted (their reciprocals);
+        refuses values above 1."""
+        name = f"{cls.__name__}.from_dequantize_checkpoint_shards"
+        _require_convention(name, require_tensor(name, tensor), quantize_side=False)
+        _require_positive_experts(name, tensor)
+        return cls._of(torch.reciprocal(_collapse_shards(name, tensor, policy, quantize_side=False)))
 
 
 def require_layer_experts(name: str, scale: _ScalarScale, num_experts: int) -> None:

@@ -9,7 +9,7 @@ import torch
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput
 from moe_core.fp8 import Fp8BlockExpertWeights, Fp8ChannelExpertWeights, Fp8ExpertWeights, Fp8GateUpWeights, Fp8TensorScale
-from moe_core.global_scales import ExpertQuantizeGlobalScales, QuantizeGlobalScale
+from moe_core.global_scales import ExpertInputScales, QuantizeGlobalScale
 from moe_core.formats import (
     DenseMoeWeights,
     Fp8BlockMoeWeights,
@@ -104,8 +104,8 @@ def quantize_nvfp4_per_expert_layer(
     return Nvfp4PerExpertMoeWeights(
         w13=w13,
         w2=Nvfp4ExpertWeights.quantize(dense.w2),
-        w13_input_scales=ExpertQuantizeGlobalScales.from_amax(hidden_amax),
-        w2_input_scales=ExpertQuantizeGlobalScales.from_amax(activation_amax),
+        w13_input_scales=ExpertInputScales.from_amax(hidden_amax),
+        w2_input_scales=ExpertInputScales.from_amax(activation_amax),
         local_expert_offset=config.local_expert_offset,
     )
 

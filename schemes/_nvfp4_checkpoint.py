@@ -18,6 +18,7 @@ import torch
 from moe_core import (
     NVFP4,
     NVFP4_PER_EXPERT,
+    ExpertInputScales,
     ExpertQuantizeGlobalScales,
     ExpertScalePolicy,
     FormatRoute,
@@ -117,7 +118,7 @@ class _Nvfp4Checkpoint(ExpertScheme[W]):
 
     @staticmethod
     @abc.abstractmethod
-    def expert_input_scales(values: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertQuantizeGlobalScales:
+    def expert_input_scales(values: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertInputScales:
         """Each expert's own input scale from the checkpoint's values ``[E, shards]``, its shards made one under
         ``policy``."""
 
@@ -172,7 +173,7 @@ class Nvfp4PerExpertCheckpointScheme(_Nvfp4Checkpoint[Nvfp4PerExpertMoeWeights])
         w13, w2 = self._experts()
         params, policy = self.params, self.input_scale_policy
 
-        def every(values: torch.Tensor) -> ExpertQuantizeGlobalScales:
+        def every(values: torch.Tensor) -> ExpertInputScales:
             shards = values.reshape(values.shape[0], -1).contiguous()
             return self.expert_input_scales(shards, policy=policy)
 

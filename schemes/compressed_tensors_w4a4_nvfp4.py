@@ -33,6 +33,7 @@ import torch
 from moe_core import (
     NVFP4,
     NVFP4_PER_EXPERT,
+    ExpertInputScales,
     ExpertQuantizeGlobalScales,
     ExpertScalePolicy,
     MoeRunnerConfig,
@@ -66,9 +67,9 @@ class _CompressedTensorsNvfp4:
         return QuantizeGlobalScale.from_checkpoint(values, num_experts=num_experts, policy=policy)
 
     @staticmethod
-    def expert_input_scales(values: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertQuantizeGlobalScales:
+    def expert_input_scales(values: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertInputScales:
         """Quantize-side values, each expert's shards collapsed under ``policy``."""
-        return ExpertQuantizeGlobalScales.from_checkpoint_shards(values, policy=policy)
+        return ExpertInputScales.from_checkpoint_shards(values, policy=policy)
 
 
 class CompressedTensorsW4A4Nvfp4MoE(_CompressedTensorsNvfp4, Nvfp4CheckpointScheme):

@@ -23,6 +23,7 @@ from moe_core import (
     NVFP4_PER_EXPERT,
     DequantizeGlobalScale,
     ExpertDequantizeGlobalScales,
+    ExpertInputScales,
     ExpertQuantizeGlobalScales,
     ExpertScalePolicy,
     MoeRunnerConfig,
@@ -53,11 +54,9 @@ class _ModelOptNvfp4:
         )
 
     @staticmethod
-    def expert_input_scales(values: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertQuantizeGlobalScales:
+    def expert_input_scales(values: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertInputScales:
         """Dequantize-side values, each expert's shards collapsed under ``policy``, then converted."""
-        return ExpertQuantizeGlobalScales.from_dequantize(
-            ExpertDequantizeGlobalScales.from_checkpoint_shards(values, policy=policy)
-        )
+        return ExpertInputScales.from_dequantize_checkpoint_shards(values, policy=policy)
 
 
 class ModelOptNvfp4MoE(_ModelOptNvfp4, Nvfp4CheckpointScheme):

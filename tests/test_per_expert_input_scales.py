@@ -18,8 +18,7 @@ import torch
 
 from moe_core import (
     NVFP4_PER_EXPERT,
-    ExpertDequantizeGlobalScales,
-    ExpertQuantizeGlobalScales,
+    ExpertInputScales,
     ExpertScalePolicy,
     LayerSpec,
     LinearBlockScales,
@@ -187,7 +186,7 @@ def test_the_layer_scalars_come_from_every_expert_and_the_counts_must_agree(gen:
         attrs.evolve(weights, w2_input_scales=weights.w2_input_scales.experts(0, 2))
     with pytest.raises(ValueError, match=re.escape("experts [1, 5) are not all among the layer's 4")):
         attrs.evolve(weights, local_expert_offset=1)
-    distinct = ExpertQuantizeGlobalScales.from_amax(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    distinct = ExpertInputScales.from_amax(torch.tensor([1.0, 2.0, 3.0, 4.0]))
     with pytest.raises(ValueError, match="experts disagree"):
         attrs.evolve(weights, w13_input_scales=distinct, policy=ExpertScalePolicy.REQUIRE_EQUAL)
     route = choose(NVFP4_PER_EXPERT, DeviceSpec.parse("cpu"), LayerSpec(config, NVFP4_PER_EXPERT)).chosen
@@ -205,12 +204,23 @@ def test_the_layer_scalars_come_from_every_expert_and_the_counts_must_agree(gen:
 def test_shards_of_one_expert_collapse_under_the_policy() -> None:
     """w1's and w3's input scales quantize one GEMM input: one value per expert, named where they must agree."""
     quantize = torch.tensor([[700.0, 700.0], [640.0, 900.0], [1e4, 1e4]])
-    conservative = ExpertQuantizeGlobalScales.from_checkpoint_shards(quantize, policy=ExpertScalePolicy.CONSERVATIVE)
+    conservative = ExpertInputScales.from_checkpoint_shards(quantize, policy=ExpertScalePolicy.CONSERVATIVE)
     assert conservative.value.tolist() == [700.0, 640.0, 1e4]
     with pytest.raises(ValueError, match=re.escape("the shards of expert 1 disagree ([640.0, 900.0])")):
-        ExpertQuantizeGlobalScales.from_checkpoint_shards(quantize, policy=ExpertScalePolicy.REQUIRE_EQUAL)
+        ExpertInputScales.from_checkpoint_shards(quantize, policy=ExpertScalePolicy.REQUIRE_EQUAL)
     dequantize = 1 / quantize
-    larger = ExpertDequantizeGlobalScales.from_checkpoint_shards(dequantize, policy=ExpertScalePolicy.CONSERVATIVE)
-    assert torch.equal(larger.value, dequantize.amax(dim=1))
+    larger = ExpertInputScales.from_dequantize_checkpoint_shards(dequantize, policy=ExpertScalePolicy.CONSERVATIVE)
+    assert torch.equal(larger.value, torch.reciprocal(dequantize.amax(dim=1)))
     with pytest.raises(ValueError, match="expected quantize-side"):
-        ExpertQuantizeGlobalScales.from_checkpoint_shards(dequantize, policy=ExpertScalePolicy.CONSERVATIVE)
+        ExpertInputScales.from_checkpoint_shards(dequantize, policy=ExpertScalePolicy.CONSERVATIVE)
+
+
+def test_input_scales_are_no_weights_global_scales(gen: torch.Generator) -> None:
+    """Input scales collapsed from w1's and w3's shards, given as both halves' weight global scales, ran 2.64 off
+    (an adversarial pass): the types differ (a rejected type case), and a caller past mypy is named at run time."""
+    weights = Nvfp4ExpertWeights.quantize(torch.randn(2, 32, 64, generator=gen))
+    inputs = ExpertInputScales.from_checkpoint_shards(torch.tensor([[700.0, 900.0], [640.0, 800.0]]),
+                                                      policy=ExpertScalePolicy.CONSERVATIVE)
+    smuggled: object = inputs
+    with pytest.raises(TypeError, match="global_scales: expected ExpertQuantizeGlobalScales, got ExpertInputScales"):
+        Nvfp4ExpertWeights(weights.packed, weights.block_scales, smuggled)  # type: ignore[arg-type]  # the runtime check under test

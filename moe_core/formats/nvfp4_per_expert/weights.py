@@ -13,7 +13,7 @@ from moe_core.formats._experts import ExpertSizes, check_expert_shapes
 from moe_core.formats.dense.weights import DenseMoeWeights
 from moe_core.formats.nvfp4.weights import Nvfp4MoeWeights
 from moe_core.formats.nvfp4_w4a16.weights import Nvfp4W4A16MoeWeights
-from moe_core.global_scales import ExpertQuantizeGlobalScales, ExpertScalePolicy, QuantizeGlobalScale
+from moe_core.global_scales import ExpertInputScales, ExpertScalePolicy, QuantizeGlobalScale
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights
 
 
@@ -34,9 +34,9 @@ class Nvfp4PerExpertMoeWeights(ExpertSizes):
 
     w13: Nvfp4GateUpWeights
     w2: Nvfp4ExpertWeights
-    w13_input_scales: ExpertQuantizeGlobalScales
+    w13_input_scales: ExpertInputScales
     """The first GEMM's input scale of every expert of the layer."""
-    w2_input_scales: ExpertQuantizeGlobalScales
+    w2_input_scales: ExpertInputScales
     """The second GEMM's, likewise."""
     local_expert_offset: int = 0
     """The layer's expert that is this rank's first (``w13``/``w2`` hold the experts from here on)."""
@@ -57,8 +57,8 @@ class Nvfp4PerExpertMoeWeights(ExpertSizes):
         require_int(f"{name}.local_expert_offset", self.local_expert_offset, minimum=0)
         for field in ("w13_input_scales", "w2_input_scales"):
             scales = getattr(self, field)
-            if not isinstance(scales, ExpertQuantizeGlobalScales):
-                raise TypeError(f"{name}.{field}: expected ExpertQuantizeGlobalScales, got {type(scales).__name__}")
+            if not isinstance(scales, ExpertInputScales):
+                raise TypeError(f"{name}.{field}: expected ExpertInputScales, got {type(scales).__name__}")
         layer = self.w13_input_scales.num_experts
         if self.w2_input_scales.num_experts != layer:
             raise ValueError(
@@ -107,7 +107,7 @@ class Nvfp4PerExpertMoeWeights(ExpertSizes):
             raise ValueError(f"expert: expected a local expert 0 <= expert < {self.num_experts}, got {expert}")
         index = self.local_expert_offset + expert
 
-        def own(scales: ExpertQuantizeGlobalScales) -> QuantizeGlobalScale:
+        def own(scales: ExpertInputScales) -> QuantizeGlobalScale:
             return QuantizeGlobalScale.from_experts(scales.experts(index, index + 1), policy=ExpertScalePolicy.REQUIRE_EQUAL)
 
         return own(self.w13_input_scales), own(self.w2_input_scales)
