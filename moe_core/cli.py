@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from moe_core.capability import DeviceSpec
     from moe_core.check import CheckRow
-    from moe_core.config import MoeRunnerConfig
+    from moe_core.config import MoeRunnerConfig, Routing
     from moe_core.selection_table import CandidateRow
 
 EXIT_OK = 0
@@ -275,13 +275,12 @@ def _routing_rows(device: DeviceSpec, layer: MoeRunnerConfig) -> list[list[str]]
     from moe_core.config import example_routings
     from moe_core.routing import routing_summary
 
-    if not device.has("triton"):
-        return [[method.value, "select_experts (no triton on the device)"] for method in example_routings(layer.num_experts, layer.top_k)]
-    where = torch.device(device.kind)
-    return [
-        [method.value, routing_summary(attrs.evolve(layer, routing_method=method), where).removeprefix("routing: ")]
-        for method in example_routings(layer.num_experts, layer.top_k)
-    ]
+    def top_k_by(method: Routing) -> str:
+        if not device.has("triton"):
+            return "select_experts (no triton on the device)"
+        return routing_summary(attrs.evolve(layer, routing_method=method), torch.device(device.kind)).removeprefix("routing: ")
+
+    return [[method.value, top_k_by(method)] for method in example_routings(layer.num_experts, layer.top_k)]
 
 
 def _scheme_rows(rows: Sequence[CandidateRow]) -> list[list[str]]:

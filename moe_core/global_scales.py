@@ -565,22 +565,28 @@ class DequantizeGlobalScale(_ScalarScale):
         )
 
 
-@final
 @attrs.frozen(eq=False)
-class ExpertQuantizeGlobalScales(_ExpertScales):
-    """Quantize-side global scales, one per expert (``[E]`` float32)."""
+class _QuantizeSideExpertScales(_ExpertScales):
+    """Quantize-side ``448 * 6 / amax`` scales, one per expert (``[E]`` float32): what a weight's global scales and
+    an input's per-expert scales share, as two types that do not stand in for each other."""
 
     @classmethod
-    def from_amax(cls, amax: torch.Tensor) -> ExpertQuantizeGlobalScales:
+    def from_amax(cls, amax: torch.Tensor) -> Self:
         """Per-expert scales from per-expert amax values (``[E]``, each > 0)."""
         return cls._of(NVFP4_RANGE / _expert_amax(amax))
 
     @classmethod
-    def from_checkpoint(cls, tensor: torch.Tensor) -> ExpertQuantizeGlobalScales:
+    def from_checkpoint(cls, tensor: torch.Tensor) -> Self:
         """Per-expert quantize-side scales as a checkpoint stores them, ``[E]`` float32; refuses a value below 1
         (one on the dequantize side, see :func:`_require_convention`)."""
         _require_convention(f"{cls.__name__}.from_checkpoint", tensor, quantize_side=True)
         return super().from_checkpoint(tensor)
+
+
+@final
+@attrs.frozen(eq=False)
+class ExpertQuantizeGlobalScales(_QuantizeSideExpertScales):
+    """Quantize-side global scales of a weight, one per expert (``[E]`` float32)."""
 
     @classmethod
     def from_dequantize(cls, scales: ExpertDequantizeGlobalScales) -> ExpertQuantizeGlobalScales:
@@ -617,7 +623,7 @@ class ExpertDequantizeGlobalScales(_ExpertScales):
 
 @final
 @attrs.frozen(eq=False)
-class ExpertInputScales(_ExpertScales):
+class ExpertInputScales(_QuantizeSideExpertScales):
     """Quantize-side global scales of one GEMM's input, one per expert (``[E]`` float32): the per-expert
     input-scale mode (:class:`~moe_core.Nvfp4PerExpertMoeWeights`).
 
@@ -627,25 +633,10 @@ class ExpertInputScales(_ExpertScales):
     """
 
     @classmethod
-    def from_amax(cls, amax: torch.Tensor) -> ExpertInputScales:
-        """Each expert's scale from the amax of the inputs routed to it (``[E]``, each > 0)."""
-        return cls._of(NVFP4_RANGE / _expert_amax(amax))
-
-    @classmethod
-    def from_checkpoint(cls, tensor: torch.Tensor) -> ExpertInputScales:
-        """Per-expert quantize-side input scales as a checkpoint stores them, ``[E]`` float32; refuses a value
-        below 1 (one on the dequantize side, see :func:`_require_convention`)."""
-        _require_convention(f"{cls.__name__}.from_checkpoint", tensor, quantize_side=True)
-        return super().from_checkpoint(tensor)
-
-    @classmethod
     def from_checkpoint_shards(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertInputScales:
         """From ``[E, shards]`` quantize-side checkpoint values of one GEMM input (compressed-tensors' w1 and w3
         ``input_global_scale``), each expert's shards made one under ``policy``; refuses values below 1."""
-        name = f"{cls.__name__}.from_checkpoint_shards"
-        _require_convention(name, require_tensor(name, tensor), quantize_side=True)
-        _require_positive_experts(name, tensor)
-        return cls._of(_collapse_shards(name, tensor, policy, quantize_side=True))
+        return cls._of(_checked_shards(f"{cls.__name__}.from_checkpoint_shards", tensor, policy, quantize_side=True))
 
     @classmethod
     def from_dequantize_checkpoint_shards(cls, tensor: torch.Tensor, *, policy: ExpertScalePolicy) -> ExpertInputScales:
@@ -653,9 +644,15 @@ class ExpertInputScales(_ExpertScales):
         ``input_scale``), each expert's shards made one under ``policy``, then converted (their reciprocals);
         refuses values above 1."""
         name = f"{cls.__name__}.from_dequantize_checkpoint_shards"
-        _require_convention(name, require_tensor(name, tensor), quantize_side=False)
-        _require_positive_experts(name, tensor)
-        return cls._of(torch.reciprocal(_collapse_shards(name, tensor, policy, quantize_side=False)))
+        return cls._of(torch.reciprocal(_checked_shards(name, tensor, policy, quantize_side=False)))
+
+
+def _checked_shards(name: str, tensor: torch.Tensor, policy: ExpertScalePolicy, *, quantize_side: bool) -> torch.Tensor:
+    """``[E, shards]`` checkpoint values of one convention, checked (its side of 1, positive), each expert's shards
+    made one under ``policy``."""
+    _require_convention(name, require_tensor(name, tensor), quantize_side=quantize_side)
+    _require_positive_experts(name, tensor)
+    return _collapse_shards(name, tensor, policy, quantize_side=quantize_side)
 
 
 def require_layer_experts(name: str, scale: _ScalarScale, num_experts: int) -> None:

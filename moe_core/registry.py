@@ -72,8 +72,8 @@ class BoundRunner(Generic[Q]):
     """Each tensor the quant info holds, by field path, with its write count at binding."""
 
     def __attrs_post_init__(self) -> None:
-        tensors = _held_tensors(type(self.quant_info).__name__, self.quant_info)
-        object.__setattr__(self, "_writes", tuple((path, t, write_count(t)) for path, t in tensors if write_count(t) >= 0))
+        counted = [(path, t, write_count(t)) for path, t in _held_tensors(type(self.quant_info).__name__, self.quant_info)]
+        object.__setattr__(self, "_writes", tuple(held for held in counted if held[2] >= 0))  # inference tensors count none
 
     def __call__(self, dispatch: DispatchOutput, /) -> torch.Tensor:
         """``runner.run(dispatch, quant_info)``; for standard dispatches, the output is held to the
@@ -82,9 +82,10 @@ class BoundRunner(Generic[Q]):
         has its values checked against the layer first (:func:`~moe_core.runner.check_run_values`), whichever
         backend runs: kernels read no values."""
         for path, tensor, count in self._writes:
-            if write_count(tensor) != count:
+            now = write_count(tensor)
+            if now != count:
                 raise RuntimeError(
-                    f"{path}: written in place after it was bound ({write_count(tensor) - count} write(s), e.g. a staging "
+                    f"{path}: written in place after it was bound ({now - count} write(s), e.g. a staging "
                     "buffer reused for the next layer's weights): bound weights are immutable; bind new ones (a scheme "
                     "reloads through its loader)"
                 )

@@ -222,11 +222,12 @@ def _require_weights_of_logits(
     method = config.routing_method
     if isinstance(method, SparseMixer):  # each pick's weight depends on the logits near it: routed again, ids included
         routed = select_experts(logits, config)
-        if not torch.equal(routed.topk_ids.to(ids.device), ids.to(torch.int32)):
-            row = int((routed.topk_ids.to(ids.device) != ids).any(dim=1).nonzero()[0, 0])
+        routed_ids = routed.topk_ids.to(ids.device)
+        if not torch.equal(routed_ids, ids.to(torch.int32)):
+            row = int((routed_ids != ids).any(dim=1).nonzero()[0, 0])
             raise ValueError(
                 f"topk_ids: {method.value} routing of the top-k's own router_logits picks experts "
-                f"{routed.topk_ids[row].tolist()} for token {row}, the top-k has {ids[row].tolist()} (routed by another "
+                f"{routed_ids[row].tolist()} for token {row}, the top-k has {ids[row].tolist()} (routed by another "
                 "method? build the top-k with moe_core.select_experts, or check_values=False to skip the value checks)"
             )
         expected = routed.topk_weights
