@@ -90,6 +90,10 @@ class Fp8TensorScale(_ScalarScale):
         count to check (like :meth:`from_amax`); refuses a view into a per-expert tensor."""
         return cls._of(_layer_value(cls.__name__, tensor))
 
+    def covered_amax(self) -> float:
+        """The largest magnitude this static scale quantizes without clipping, ``448 * scale`` (synchronizes)."""
+        return E4M3_MAX * self.item()
+
 
 def _require_weight_scale(name: str, tensor: torch.Tensor) -> None:
     """Refuse FP8 weight scales above 1: dequantize-side ``amax / 448`` exceeds 1 only for a weight above 448 (model

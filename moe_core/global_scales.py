@@ -464,6 +464,11 @@ class QuantizeGlobalScale(_ScalarScale):
         """The scale that maps ``amax`` (one value > 0) onto the top of the NVFP4 range."""
         return cls._of(NVFP4_RANGE / _scalar_amax(amax))
 
+    def covered_amax(self) -> float:
+        """The largest magnitude an activation quantized with this scale keeps without clipping, ``448 * 6 / scale``
+        (a block scale saturates at 448 beyond it; synchronizes)."""
+        return NVFP4_RANGE / self.item()
+
     @classmethod
     def from_checkpoint(
         cls, tensor: torch.Tensor, *, num_experts: int, policy: ExpertScalePolicy

@@ -10,6 +10,7 @@ the right answer against an independent computation.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 import shutil
 from pathlib import Path
 
@@ -20,12 +21,14 @@ import torch
 from moe_core import (
     Activation,
     DenseMoeWeights,
+    ExpertInputScales,
     ExpertQuantizeGlobalScales,
     Fp8TensorScale,
     GroupedTopK,
     Llama4Sigmoid,
     MoeRunnerConfig,
     Nvfp4ExpertWeights,
+    QuantizeGlobalScale,
     RoutingMethod,
     Scoring,
     SigmoidTopK,
@@ -38,7 +41,7 @@ from moe_core import (
 from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights
 from moe_core.backends.flashinfer_cutlass.runner import CutlassRunner
 from moe_core.backends.flashinfer_trtllm_fp4.runner import TrtllmFp4Runner
-from moe_core.backends.reference import REFERENCE_DENSE
+from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_FP8, REFERENCE_NVFP4, REFERENCE_NVFP4_PER_EXPERT
 from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.checkpoint import MoeCheckpoint
 from moe_core.distributed import ExpertParallelMoe, LocalDispatcher, load_expert_parallel
@@ -46,7 +49,14 @@ from moe_core.formats.dense import ExpertBiases
 from moe_core.formats import NVFP4
 from moe_core.formats.fp8 import Fp8MoeWeights
 from moe_core.registry import choose
-from moe_core.synthetic import random_nvfp4_layer
+from moe_core.global_scales import NVFP4_RANGE
+from moe_core.synthetic import (
+    quantize_fp8_layer,
+    quantize_nvfp4_layer,
+    quantize_nvfp4_per_expert_layer,
+    random_dense_layer,
+    random_nvfp4_layer,
+)
 from moe_core.fp8 import ExpertFp8Scales, Fp8BlockExpertWeights, Fp8ChannelExpertWeights, Fp8ExpertWeights, Fp8GateUpWeights
 from moe_core.layer import SharedExpert, dense_layer
 from moe_core.mxfp4 import Mxfp4ExpertWeights
@@ -470,3 +480,35 @@ def test_a_top_k_carrying_logits_says_whether_it_is_their_routing(gen: torch.Gen
     weights = DenseMoeWeights(w13=torch.randn(8, 32, 32, generator=gen), w2=torch.randn(8, 32, 16, generator=gen))
     with pytest.raises(ValueError, match="routing of the top-k's own router_logits gives token"):
         REFERENCE_DENSE.bind(config, weights)(StandardDispatchOutput(torch.randn(6, 32, generator=gen), claimed))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4", "nvfp4-per-expert"])
+def test_a_dequantize_side_input_scale_read_as_an_amax_is_refused_by_the_reference(fmt: str, gen: torch.Generator) -> None:
+    """A checkpoint's dequantize-side activation scale (FP8 ``input_scale`` = amax / 448, ModelOpt's NVFP4
+    ``input_scale`` = amax / 2688) passed to ``from_amax`` made a range hundreds to thousands of times too small:
+    the reference clipped nearly every input to its top code and ran (1.00 off). Calibrated on other tokens, the
+    same layer runs."""
+    config = _config()
+    dense, dispatch = random_dense_layer(config, 48, torch.float32, CPU, int(torch.randint(1 << 30, (1,), generator=gen)))
+    calibration = StandardDispatchOutput(
+        torch.randn(64, H, generator=gen), select_experts(torch.randn(64, E, generator=gen), config)
+    )
+    amax = float(calibration.hidden_states.abs().max())
+    right: Callable[[StandardDispatchOutput], torch.Tensor]
+    misread: Callable[[StandardDispatchOutput], torch.Tensor]
+    if fmt == "fp8":
+        fp8 = quantize_fp8_layer(config, dense, calibration)
+        right, misread = (REFERENCE_FP8.bind(config, attrs.evolve(fp8, w13_input_scale=s)) for s in (
+            fp8.w13_input_scale, Fp8TensorScale.from_amax(amax / 448)))
+    elif fmt == "nvfp4":
+        nvfp4 = quantize_nvfp4_layer(config, dense, calibration)
+        right, misread = (REFERENCE_NVFP4.bind(config, attrs.evolve(nvfp4, w13_input_scale=s)) for s in (
+            nvfp4.w13_input_scale, QuantizeGlobalScale.from_amax(amax / NVFP4_RANGE)))
+    else:
+        own = quantize_nvfp4_per_expert_layer(config, dense, calibration)
+        right, misread = (REFERENCE_NVFP4_PER_EXPERT.bind(config, attrs.evolve(own, w13_input_scales=s)) for s in (
+            own.w13_input_scales, ExpertInputScales.from_amax(torch.full((E,), amax / NVFP4_RANGE))))
+    out = right(dispatch)
+    assert bool(torch.isfinite(out).all()) and float(out.abs().max()) > 0
+    with pytest.raises(ValueError, match=r"w13_input_scales?: \d+ of the \d+ values of local expert \d+'s first GEMM"):
+        misread(dispatch)

@@ -20,6 +20,7 @@ import torch
 
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import DispatchFormat, DispatchOutput
+from moe_core._checks import values_readable
 from moe_core.runner import QuantInfo, check_run_inputs, check_run_values
 
 W = TypeVar("W", bound=QuantInfo)
@@ -48,6 +49,34 @@ class ReferenceRecipe(Protocol[W_contra]):
     def quantize_hidden(self, weights: W_contra, expert: int, h: torch.Tensor) -> torch.Tensor:
         """The gated activation as the second GEMM sees it."""
         ...
+
+
+CLIPPED_SHARE = 0.25
+"""The share of a GEMM input's values beyond its static scale's range above which the reference refuses the scale."""
+
+
+def require_static_range(name: str, x: torch.Tensor, covered_amax: float, expert: int, gemm: str) -> None:
+    """Refuse a static input scale that clips more than :data:`CLIPPED_SHARE` of the values it quantizes.
+
+    A calibrated scale covers its calibration's amax; inputs that differ from
+    the calibration's pass it by a few percent of their values (up to 9% in
+    this repository's synthetic layers, whose scales come from other draws).
+    A quarter or more beyond it means the scale is not theirs: a
+    dequantize-side checkpoint value passed where an amax belongs (a range
+    hundreds to thousands of times too small clips nearly every value).
+    Swapped GEMM scales clip fewer, and only the one of them whose range is
+    smaller. ``expert`` (local) and ``gemm`` name the input.
+    """
+    if x.numel() == 0 or not values_readable(x):
+        return
+    clipped = int((x.abs() > covered_amax).sum())
+    if clipped > CLIPPED_SHARE * x.numel():
+        raise ValueError(
+            f"{name}: {clipped} of the {x.numel()} values of local expert {expert}'s {gemm} input "
+            f"({clipped / x.numel():.0%}) lie beyond +-{covered_amax:.4g}, the most this static scale represents "
+            f"(their largest: {float(x.abs().max()):.4g}): a scale read from the wrong side (a checkpoint's scale "
+            "passed as an amax), or the other GEMM's input scale?"
+        )
 
 
 @runtime_checkable

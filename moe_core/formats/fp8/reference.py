@@ -9,6 +9,7 @@ import attrs
 import torch
 
 from moe_core.formats.fp8.weights import Fp8MoeWeights
+from moe_core.formats.reference import require_static_range
 from moe_core.fp8 import fake_quantize_fp8
 
 
@@ -26,9 +27,11 @@ class Fp8Recipe:
         return weights.w2.dequantize_expert(expert)
 
     def quantize_input(self, weights: Fp8MoeWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
-        """An FP8 round trip with the first GEMM's static input scale."""
+        """An FP8 round trip with the first GEMM's static input scale (refused where it clips most of ``x``)."""
+        require_static_range("w13_input_scale", x, weights.w13_input_scale.covered_amax(), expert, "first GEMM")
         return fake_quantize_fp8(x, weights.w13_input_scale)
 
     def quantize_hidden(self, weights: Fp8MoeWeights, expert: int, h: torch.Tensor) -> torch.Tensor:
-        """An FP8 round trip with the second GEMM's static input scale."""
+        """An FP8 round trip with the second GEMM's static input scale (refused where it clips most of ``h``)."""
+        require_static_range("w2_input_scale", h, weights.w2_input_scale.covered_amax(), expert, "second GEMM")
         return fake_quantize_fp8(h, weights.w2_input_scale)

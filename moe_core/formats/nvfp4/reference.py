@@ -13,6 +13,7 @@ import attrs
 import torch
 
 from moe_core.formats.nvfp4.weights import Nvfp4MoeWeights
+from moe_core.formats.reference import require_static_range
 from moe_core.global_scales import QuantizeGlobalScale
 from moe_core.nvfp4 import quantize_activation
 
@@ -36,9 +37,11 @@ class Nvfp4Recipe:
         return weights.w2.dequantize_expert(expert)
 
     def quantize_input(self, weights: Nvfp4MoeWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
-        """An NVFP4 round trip with the first GEMM's input scale."""
+        """An NVFP4 round trip with the first GEMM's input scale (refused where it clips most of ``x``)."""
+        require_static_range("w13_input_scale", x, weights.w13_input_scale.covered_amax(), expert, "first GEMM")
         return fake_quantize_nvfp4(x, weights.w13_input_scale)
 
     def quantize_hidden(self, weights: Nvfp4MoeWeights, expert: int, h: torch.Tensor) -> torch.Tensor:
-        """An NVFP4 round trip with the second GEMM's input scale."""
+        """An NVFP4 round trip with the second GEMM's input scale (refused where it clips most of ``h``)."""
+        require_static_range("w2_input_scale", h, weights.w2_input_scale.covered_amax(), expert, "second GEMM")
         return fake_quantize_nvfp4(h, weights.w2_input_scale)

@@ -10,6 +10,7 @@ import torch
 
 from moe_core.formats.nvfp4.reference import fake_quantize_nvfp4
 from moe_core.formats.nvfp4_per_expert.weights import Nvfp4PerExpertMoeWeights
+from moe_core.formats.reference import require_static_range
 
 
 @final
@@ -26,9 +27,13 @@ class Nvfp4PerExpertRecipe:
         return weights.w2.dequantize_expert(expert)
 
     def quantize_input(self, weights: Nvfp4PerExpertMoeWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
-        """An NVFP4 round trip with this expert's first-GEMM input scale."""
-        return fake_quantize_nvfp4(x, weights.own_input_scales(expert)[0])
+        """An NVFP4 round trip with this expert's first-GEMM input scale (refused where it clips most of ``x``)."""
+        scale = weights.own_input_scales(expert)[0]
+        require_static_range("w13_input_scales", x, scale.covered_amax(), expert, "first GEMM")
+        return fake_quantize_nvfp4(x, scale)
 
     def quantize_hidden(self, weights: Nvfp4PerExpertMoeWeights, expert: int, h: torch.Tensor) -> torch.Tensor:
-        """An NVFP4 round trip with this expert's second-GEMM input scale."""
-        return fake_quantize_nvfp4(h, weights.own_input_scales(expert)[1])
+        """An NVFP4 round trip with this expert's second-GEMM input scale (refused where it clips most of ``h``)."""
+        scale = weights.own_input_scales(expert)[1]
+        require_static_range("w2_input_scales", h, scale.covered_amax(), expert, "second GEMM")
+        return fake_quantize_nvfp4(h, scale)
