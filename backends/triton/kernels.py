@@ -62,6 +62,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from moe_core.backends.triton import interpreted
+
+INTERPRETED = interpreted()
+"""Whether Triton's CPU interpreter runs these kernels. ``@triton.jit`` chooses when this module is imported, so the
+launches read this, not the environment, on every forward."""
+
 SILU = 0
 GELU = 1
 GELU_TANH = 2

@@ -17,12 +17,12 @@ import attrs
 import torch
 
 from moe_core import Activation, ClampedSwiglu, DispatchOutput, GateClamp, LimitedSwiglu, MoeRunnerConfig
-from moe_core.backends.triton import interpreted
 from moe_core.backends.triton.configs import KernelConfig
 from moe_core.backends.triton.kernels import (
     CLAMPED_SWIGLU,
     GELU,
     GELU_TANH,
+    INTERPRETED,
     LIMITED_SWIGLU,
     LIMITED_SWIGLU_AFTER_SILU,
     SILU,
@@ -53,11 +53,11 @@ def dequantize_nvfp4(packed: torch.Tensor, block_scales: torch.Tensor, dtype: to
     experts, rows, packed_cols = (int(d) for d in packed.shape)
     flat, scales = packed.reshape(experts * rows, packed_cols), block_scales.reshape(experts * rows, packed_cols // 8)
     out = torch.empty((experts * rows, 2 * packed_cols), dtype=dtype, device=packed.device)
-    block_r = 64 if interpreted() else DEQUANTIZE_ROWS
+    block_r = 64 if INTERPRETED else DEQUANTIZE_ROWS
     block_c = min(DEQUANTIZE_BYTES, max(8, next_power_of_2(packed_cols)))
     dequantize_nvfp4_kernel[(cdiv(experts * rows, block_r), cdiv(packed_cols, block_c))](
         flat, scales, out, experts * rows, packed_cols, flat.stride(0), scales.stride(0), out.stride(0),
-        PTX=not interpreted(), BLOCK_R=block_r, BLOCK_C=block_c,
+        PTX=not INTERPRETED, BLOCK_R=block_r, BLOCK_C=block_c,
     )
     return out.view(experts, rows, 2 * packed_cols)
 
@@ -69,11 +69,11 @@ def dequantize_mxfp4(packed: torch.Tensor, exponents: torch.Tensor, dtype: torch
     experts, rows, packed_cols = (int(d) for d in packed.shape)
     flat, scales = packed.reshape(experts * rows, packed_cols), exponents.reshape(experts * rows, packed_cols // 16)
     out = torch.empty((experts * rows, 2 * packed_cols), dtype=dtype, device=packed.device)
-    block_r = 64 if interpreted() else DEQUANTIZE_ROWS
+    block_r = 64 if INTERPRETED else DEQUANTIZE_ROWS
     block_c = min(DEQUANTIZE_BYTES, max(16, next_power_of_2(packed_cols)))
     dequantize_mxfp4_kernel[(cdiv(experts * rows, block_r), cdiv(packed_cols, block_c))](
         flat, scales, out, experts * rows, packed_cols, flat.stride(0), scales.stride(0), out.stride(0),
-        PTX=not interpreted(), BLOCK_R=block_r, BLOCK_C=block_c,
+        PTX=not INTERPRETED, BLOCK_R=block_r, BLOCK_C=block_c,
     )
     return out.view(experts, rows, 2 * packed_cols)
 
@@ -285,7 +285,7 @@ def launch(
         FP8=ops.fp8, FP8_BLOCKS=ops.fp8_blocks, OUT_FP8=out_scale is not None,
         PROMOTE=ops.promote,
         ACTIVATION=gate.activation,
-        UPCAST=interpreted(),
+        UPCAST=INTERPRETED,
         BIAS=bias is not None, RELU2=relu2, ALPHA=gate.alpha, LIMIT=gate.limit, MXFP4=ops.mxfp4,
         EVEN_K=gemm.k % config.block_k == 0, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,

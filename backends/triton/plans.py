@@ -19,8 +19,8 @@ import attrs
 import torch
 
 from moe_core import DispatchOutput, MoeRunnerConfig
-from moe_core.backends.triton import interpreted
 from moe_core.backends.triton.configs import KernelConfig, choose, mxfp4_dequantizes, nvfp4_dequantizes
+from moe_core.backends.triton.kernels import INTERPRETED
 from moe_core.backends.triton.launch import (
     DenseOperand,
     Fp8BlockOperand,
@@ -81,7 +81,7 @@ def _configs(config: MoeRunnerConfig, dispatch: DispatchOutput, fmt: str) -> tup
     hidden = dispatch.hidden_states
     return choose(
         _device_name(hidden.device), int(hidden.shape[0]), config.top_k, config.num_local_experts,
-        config.hidden_size, config.intermediate_size_per_partition, fmt, interpreted(),
+        config.hidden_size, config.intermediate_size_per_partition, fmt, INTERPRETED,
     )
 
 
@@ -188,7 +188,7 @@ def _w4a16_path(forced: W4A16Path | None, crossover: Crossover, config: MoeRunne
     hidden = dispatch.hidden_states
     workspace = crossover(
         _device_name(hidden.device), int(hidden.shape[0]), config.top_k, config.num_local_experts,
-        config.hidden_size, config.intermediate_size_per_partition, interpreted(),
+        config.hidden_size, config.intermediate_size_per_partition, INTERPRETED,
     )
     return W4A16Path.WORKSPACE if workspace else W4A16Path.FUSED
 

@@ -7,8 +7,7 @@ from typing import final
 import attrs
 import torch
 
-from moe_core.backends.triton import interpreted
-from moe_core.backends.triton.kernels import quantize_groups_kernel, quantize_rows_kernel
+from moe_core.backends.triton.kernels import INTERPRETED, quantize_groups_kernel, quantize_rows_kernel
 from moe_core.backends.triton.sorting import next_power_of_2
 from moe_core.fp8 import FP8_BLOCK, MIN_DYNAMIC_SCALE
 
@@ -45,7 +44,7 @@ def quantize_fp8_rows(
     offset, num_local = (0, 0) if pairs is None else (pairs.offset, pairs.num_local)
     quantize_rows_kernel[(rows,)](
         x, codes, scales, scales, ids, cols, x.stride(0), codes.stride(0), MIN_DYNAMIC_SCALE, offset, num_local,
-        DYNAMIC=static_scale is None, PAIRS=pairs is not None, ROUND_FIRST=interpreted(),
+        DYNAMIC=static_scale is None, PAIRS=pairs is not None, ROUND_FIRST=INTERPRETED,
         BLOCK=min(MAX_BLOCK, next_power_of_2(cols)),
     )
     return codes, scales
@@ -65,6 +64,6 @@ def quantize_fp8_groups(x: torch.Tensor, pairs: LocalPairs | None = None) -> tup
     offset, num_local = (0, 0) if pairs is None else (pairs.offset, pairs.num_local)
     quantize_groups_kernel[(rows, cols // FP8_BLOCK)](
         x, codes, scales, ids, x.stride(0), codes.stride(0), scales.stride(0), MIN_DYNAMIC_SCALE, offset, num_local,
-        PAIRS=pairs is not None, ROUND_FIRST=interpreted(), GROUP=FP8_BLOCK,
+        PAIRS=pairs is not None, ROUND_FIRST=INTERPRETED, GROUP=FP8_BLOCK,
     )
     return codes, scales

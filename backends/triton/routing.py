@@ -23,8 +23,7 @@ from typing import final
 import attrs
 import torch
 
-from moe_core.backends.triton import interpreted
-from moe_core.backends.triton.kernels import EXP_SCORES, SIGMOID_SCORES, SOFTMAX_SCORES, routing_kernel
+from moe_core.backends.triton.kernels import EXP_SCORES, INTERPRETED, SIGMOID_SCORES, SOFTMAX_SCORES, routing_kernel
 from moe_core.backends.triton.sorting import cdiv, next_power_of_2
 from moe_core.config import GroupedTopK, GroupScore, MoeRunnerConfig, RoutingMethod, Scoring, SigmoidTopK, SparseMixer
 from moe_core.dispatch import TopKOutput
@@ -123,7 +122,7 @@ def fused_select_experts(
             plan.n_group, per_group, plan.eps, plan.floor,
             TOP_K=top_k, SCORES=plan.scores, GROUPED=plan.grouped,
             TOPK_GROUP=plan.topk_group, GROUP_MAX=plan.group_max, BIAS=score_correction_bias is not None,
-            RENORMALIZE=plan.renormalize, LIBDEVICE=not interpreted(), ROWS=rows, GROUPS=groups,
+            RENORMALIZE=plan.renormalize, LIBDEVICE=not INTERPRETED, ROWS=rows, GROUPS=groups,
             PER_GROUP=padded_group, K_PAD=next_power_of_2(top_k),
         )
     return TopKOutput(
