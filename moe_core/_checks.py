@@ -7,6 +7,7 @@ and never surfaces later as a silently wrong result on the hot path.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -192,3 +193,39 @@ def require_unwritten(name: str, tensor: torch.Tensor, count: int) -> None:
             f"{name}: its tensor was written in place after construction ({now - count} write(s)); built scales are "
             "immutable: build a new one through its named constructors (a layer reloads through its scheme)"
         )
+
+
+_BUILT: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+"""Per tensor a weight type was built from (by ``id``, while it lives): its write count at the first build."""
+
+
+def record_built(tensor: torch.Tensor) -> None:
+    """Remember ``tensor``'s write count as a weight type is built from it (the first build counts).
+
+    Weight types hold their tensors as given, without copying (a
+    checkpoint's, a loader's staging buffer); a bound runner then compares
+    against this count (:func:`built_write_count`), so that a buffer written
+    with another layer's weights between building and binding is refused
+    too, not only one written after binding. Inference tensors count no
+    writes and are skipped.
+    """
+    if tensor.is_inference():
+        return
+    key = id(tensor)
+    held = _BUILT.get(key)
+    if held is not None and held[0]() is tensor:
+        return
+
+    def forget(ref: weakref.ref[torch.Tensor], key: int = key) -> None:
+        if _BUILT.get(key, (None, 0))[0] is ref:
+            del _BUILT[key]
+
+    _BUILT[key] = (weakref.ref(tensor, forget), write_count(tensor))
+
+
+def built_write_count(tensor: torch.Tensor) -> int:
+    """``tensor``'s write count when a weight type was first built from it, else its count now."""
+    held = _BUILT.get(id(tensor))
+    if held is not None and held[0]() is tensor:
+        return held[1]
+    return write_count(tensor)

@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from moe_core._checks import (
+    record_built,
     require_dtype,
     require_finite,
     require_ndim,
@@ -283,6 +284,7 @@ class _Fp8Stack:
         require_ndim(name, self.codes, 3, "[num_experts, rows, cols]")
         require_finite(name, self.codes)
         _refuse_misscaled_codes(name, self.codes)
+        record_built(self.codes)
 
     @property
     def shape(self) -> tuple[int, int, int]:

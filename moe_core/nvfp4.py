@@ -38,6 +38,7 @@ import torch
 
 from moe_core._checks import (
     FLOAT_DTYPES,
+    record_built,
     require_dtype,
     require_finite,
     require_int,
@@ -166,6 +167,7 @@ def _check_packed(cls_name: str, packed: torch.Tensor, scales: LinearBlockScales
     require_tensor(f"{cls_name}.packed", packed)
     require_dtype(f"{cls_name}.packed", packed, (torch.uint8,))
     require_ndim(f"{cls_name}.packed", packed, ndim, layout)
+    record_built(packed)
     if not isinstance(scales, LinearBlockScales):
         raise TypeError(f"{cls_name}.block_scales: expected LinearBlockScales, got {type(scales).__name__}")
     if (2 * packed.shape[-1]) % BLOCK_SIZE:

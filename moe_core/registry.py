@@ -34,7 +34,7 @@ from typing import Generic, Protocol, TypeVar, final, overload
 import attrs
 import torch
 
-from moe_core._checks import write_count
+from moe_core._checks import built_write_count, write_count
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig
 from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
@@ -69,10 +69,11 @@ class BoundRunner(Generic[Q]):
     runner: Runner[Q]
     quant_info: Q
     _writes: tuple[tuple[str, torch.Tensor, int], ...] = attrs.field(init=False, repr=False)
-    """Each tensor the quant info holds, by field path, with its write count at binding."""
+    """Each tensor the quant info holds, by field path, with its write count when its weights were built (or at binding, for tensors no weight type recorded)."""
 
     def __attrs_post_init__(self) -> None:
-        counted = [(path, t, write_count(t)) for path, t in _held_tensors(type(self.quant_info).__name__, self.quant_info)]
+        held = _held_tensors(type(self.quant_info).__name__, self.quant_info)
+        counted = [(path, t, built_write_count(t)) for path, t in held]
         object.__setattr__(self, "_writes", tuple(held for held in counted if held[2] >= 0))  # inference tensors count none
 
     def __call__(self, dispatch: DispatchOutput, /) -> torch.Tensor:
@@ -85,7 +86,7 @@ class BoundRunner(Generic[Q]):
             now = write_count(tensor)
             if now != count:
                 raise RuntimeError(
-                    f"{path}: written in place after it was bound ({now - count} write(s), e.g. a staging "
+                    f"{path}: written in place after its weights were built ({now - count} write(s), e.g. a staging "
                     "buffer reused for the next layer's weights): bound weights are immutable; bind new ones (a scheme "
                     "reloads through its loader)"
                 )

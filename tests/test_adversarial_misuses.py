@@ -27,7 +27,9 @@ from moe_core import (
     GroupedTopK,
     Llama4Sigmoid,
     MoeRunnerConfig,
+    LinearBlockScales,
     Nvfp4ExpertWeights,
+    Nvfp4GateUpWeights,
     QuantizeGlobalScale,
     RoutingMethod,
     Scoring,
@@ -41,13 +43,22 @@ from moe_core import (
 from moe_core.backends.flashinfer_cutlass.quant_info import CutlassBf16Weights
 from moe_core.backends.flashinfer_cutlass.runner import CutlassRunner
 from moe_core.backends.flashinfer_trtllm_fp4.runner import TrtllmFp4Runner
-from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_FP8, REFERENCE_NVFP4, REFERENCE_NVFP4_PER_EXPERT
+from moe_core.backends.reference import (
+    REFERENCE_DENSE,
+    REFERENCE_FP8,
+    REFERENCE_MXFP4,
+    REFERENCE_NVFP4,
+    REFERENCE_NVFP4_PER_EXPERT,
+    REFERENCE_NVFP4_W4A16,
+)
 from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.checkpoint import MoeCheckpoint
 from moe_core.distributed import ExpertParallelMoe, LocalDispatcher, load_expert_parallel
 from moe_core.formats.dense import ExpertBiases
 from moe_core.formats import NVFP4
 from moe_core.formats.fp8 import Fp8MoeWeights
+from moe_core.formats.mxfp4 import Mxfp4MoeWeights
+from moe_core.formats.nvfp4_w4a16 import Nvfp4W4A16MoeWeights
 from moe_core.registry import choose
 from moe_core.global_scales import NVFP4_RANGE
 from moe_core.synthetic import (
@@ -442,15 +453,51 @@ def test_weights_written_in_place_after_binding_refuse_to_run(gen: torch.Generat
     dispatch = StandardDispatchOutput(x, select_experts(torch.randn(5, 4, generator=gen), config))
     forward(dispatch)
     buffer13.copy_(torch.randn(4, 32, 32, generator=gen))
-    with pytest.raises(RuntimeError, match=r"\.w13: written in place after it was bound \(1 write\(s\)"):
+    with pytest.raises(RuntimeError, match=r"\.w13: written in place after its weights were built \(1 write\(s\)"):
         forward(dispatch)
     seed = int(torch.randint(2**31, (1,), generator=gen))
     nvfp4, routed = random_nvfp4_layer(config, 6, torch.float32, torch.device("cpu"), seed)
     bound = choose(NVFP4, DeviceSpec.parse("cpu"), LayerSpec(config, NVFP4)).chosen.bind(config, nvfp4)
     bound(routed)
     nvfp4.w2.packed.view(torch.uint8).bitwise_xor_(0x11)  # the nibbles of another layer
-    with pytest.raises(RuntimeError, match=r"w2\..*packed.*: written in place after it was bound"):
+    with pytest.raises(RuntimeError, match=r"w2\..*packed.*: written in place after its weights were built"):
         bound(routed)
+
+
+@pytest.mark.parametrize("fmt", ["dense", "nvfp4", "fp8", "mxfp4"])
+def test_weights_written_in_place_between_building_and_binding_refuse_to_run(fmt: str, gen: torch.Generator) -> None:
+    """Weights built from a loader's buffer (no copy), the buffer then filled with the next layer's codes, and only
+    then bound: the binding counted the writes from there and ran the other layer's weights (1.45 off for NVFP4).
+    Each weight type records its tensors' write counts where it is built; the bound forward holds them to those."""
+    w13, w2 = torch.randn(E, 2 * I, H, generator=gen) / 6, torch.randn(E, H, I, generator=gen) / 4
+    config = _config()
+    forward: Callable[[StandardDispatchOutput], torch.Tensor]
+    if fmt == "dense":
+        buffer = w2.clone()
+        forward = REFERENCE_DENSE.bind(config, DenseMoeWeights(w13=w13, w2=buffer))
+    elif fmt == "nvfp4":
+        down = Nvfp4ExpertWeights.quantize(w2)
+        buffer = down.packed.clone()
+        built = Nvfp4ExpertWeights(buffer, LinearBlockScales.from_checkpoint(down.block_scales.data.clone()), down.global_scales)
+        forward = REFERENCE_NVFP4_W4A16.bind(config, Nvfp4W4A16MoeWeights(w13=Nvfp4GateUpWeights.quantize(w13), w2=built))
+    elif fmt == "fp8":
+        down8 = Fp8ExpertWeights.quantize(w2)
+        buffer = down8.codes.clone()
+        forward = REFERENCE_FP8.bind(config, Fp8MoeWeights(
+            w13=Fp8GateUpWeights.quantize(w13), w2=Fp8ExpertWeights(buffer, down8.scales),
+            w13_input_scale=Fp8TensorScale.from_amax(4.0), w2_input_scale=Fp8TensorScale.from_amax(4.0)))
+    else:  # MXFP4 blocks are 32 wide: I = 32
+        config = MoeRunnerConfig(E, H, 32, 2)
+        w13, w2 = torch.randn(E, 64, H, generator=gen) / 6, torch.randn(E, H, 32, generator=gen) / 4
+        down4 = Mxfp4ExpertWeights.quantize(w2)
+        buffer = down4.packed.clone()
+        forward = REFERENCE_MXFP4.bind(config, Mxfp4MoeWeights(
+            w13=Mxfp4ExpertWeights.quantize(w13), w2=Mxfp4ExpertWeights(buffer, down4.scales)))
+    buffer.view(torch.uint8).bitwise_xor_(0x11)  # the next layer's bytes
+    x = torch.randn(5, H, generator=gen)
+    dispatch = StandardDispatchOutput(x, select_experts(torch.randn(5, E, generator=gen), config))
+    with pytest.raises(RuntimeError, match=r"w2.*: written in place after its weights were built \(1 write\(s\)"):
+        forward(dispatch)
 
 
 def test_mxfp4_exponents_shifted_by_their_bias_are_refused(gen: torch.Generator) -> None:

@@ -147,7 +147,7 @@ def test_a_layer_whose_scale_was_written_refuses_to_run(gen: torch.Generator) ->
     forward = choose(NVFP4, DeviceSpec.parse("cpu"), LayerSpec(config, NVFP4)).chosen.bind(config, weights)
     forward(dispatch)
     weights.w13_input_scale.value.mul_(2)
-    with pytest.raises(RuntimeError, match=r"Nvfp4MoeWeights\.w13_input_scale\.value: written in place after it was bound"):
+    with pytest.raises(RuntimeError, match=r"Nvfp4MoeWeights\.w13_input_scale\.value: written in place after its weights were built"):
         forward(dispatch)
     with pytest.raises(RuntimeError, match="QuantizeGlobalScale: its tensor was written in place"):
         weights.w13_input_scale.value

@@ -10,6 +10,7 @@ import torch
 
 from moe_core._checks import (
     FLOAT_DTYPES,
+    record_built,
     require_dtype,
     require_finite,
     require_ndim,
@@ -55,6 +56,7 @@ class ExpertBiases:
             require_dtype(name, tensor, FLOAT_DTYPES)
             require_ndim(name, tensor, 2, "[num_experts, out_features]")
             require_finite(name, tensor)
+            record_built(tensor)
 
 
 @final
@@ -78,6 +80,7 @@ class DenseMoeWeights(TensorExperts):
             require_tensor(name, tensor)
             require_dtype(name, tensor, FLOAT_DTYPES)
             require_ndim(name, tensor, 3, "[num_experts, out_features, in_features]")
+            record_built(tensor)
             require_finite(name, tensor)
         if self.w13.dtype != self.w2.dtype:
             raise TypeError(f"DenseMoeWeights.w2: expected dtype {self.w13.dtype} like w13, got {self.w2.dtype}")
