@@ -147,6 +147,27 @@ def mxfp4_dequantizes(
     return tokens * top_k >= (MXFP4_DEQUANTIZE_ROWS if measured is None else measured) * experts
 
 
+FP8_WIDE_ROWS = 512
+"""Per-tensor and per-channel FP8 from 64 up to this many rows per expert: 64 x 256 tiles with 8 warps, what the tuner
+chose on every layer measured there (H200 Mixtral at 256 rows per expert; H100 Qwen3-30B at 256 and 512), where the
+128 x 128 prefill tiles ran at 78-89% of it (H100 Qwen3). Beyond it 128 x 128 (both devices, 1024-2048 rows)."""
+
+
+def _fp8_tiles(
+    rows_per_expert: float, block_m: int, block_n: int, widest: int, warps: int, stages: int
+) -> tuple[int, int, int, int, int]:
+    """The FP8 (per-tensor, per-channel) tiles where the tuned tables of both Hoppers agree and the 16-bit tiles did
+    not: 256-deep K tiles where 32-row blocks begin (one-byte elements: the bytes of bf16's 128), 128 columns from 32
+    rows per expert, 64 x 256 up to :data:`FP8_WIDE_ROWS` rows."""
+    if DECODE_ROWS / 2 < rows_per_expert <= DECODE_ROWS:
+        return block_m, block_n, 256, warps, stages
+    if DECODE_ROWS < rows_per_expert <= 64:
+        return block_m, 128 if rows_per_expert > 32 else block_n, widest, warps, stages
+    if 64 < rows_per_expert <= FP8_WIDE_ROWS:
+        return 64, 256, 128, 8, 3
+    return block_m, block_n, widest, warps, stages
+
+
 def heuristic(
     tokens: int, top_k: int, experts: int, hidden: int, inter: int, fmt: str, interpreted: bool
 ) -> tuple[KernelConfig, KernelConfig]:
@@ -168,6 +189,8 @@ def heuristic(
         block_m, block_n, widest, warps, stages, group = 128, 128, 64, 8, 3, 8
     if fmt in ("fp8", "fp8-block"):
         widest = max(widest, 128)  # 128 one-byte K elements: the bytes of bf16's 64
+    if fmt == "fp8" and not interpreted:
+        block_m, block_n, widest, warps, stages = _fp8_tiles(rows_per_expert, block_m, block_n, widest, warps, stages)
     if fmt == "fp8-block" and block_m == 128:
         block_n = 64  # each K tile's fresh products sit beside both accumulators: half the columns, no spills
     return (
