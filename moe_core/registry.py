@@ -92,7 +92,15 @@ class BoundRunner(Generic[Q]):
                 )
         if dispatch.topk.check_values:
             check_run_values(self.runner.config, dispatch)
+        inputs = _dispatch_tensors(dispatch)
+        before = [write_count(tensor) for _, tensor in inputs]
         out = self.runner.run(dispatch, self.quant_info)
+        for (name, tensor), count in zip(inputs, before):
+            if write_count(tensor) != count:
+                raise RuntimeError(
+                    f"{type(self.runner).__name__}.run wrote the dispatch's {name} in place: the caller still reads "
+                    "them (a residual, a shared expert, the next layer); a runner computes into its own buffers"
+                )
         if isinstance(dispatch, StandardDispatchOutput):
             hidden = dispatch.hidden_states
             fits = isinstance(out, torch.Tensor) and (out.shape, out.dtype, out.device) == (
@@ -105,6 +113,13 @@ class BoundRunner(Generic[Q]):
                     f"{tuple(hidden.shape)} {hidden.dtype} on {hidden.device} (the Runner contract)"
                 )
         return out
+
+
+def _dispatch_tensors(dispatch: DispatchOutput) -> list[tuple[str, torch.Tensor]]:
+    """The caller's tensors a runner reads and must leave as they are: the hidden states and the top-k's ids and
+    weights."""
+    topk = dispatch.topk
+    return [("hidden_states", dispatch.hidden_states), ("topk_ids", topk.topk_ids), ("topk_weights", topk.topk_weights)]
 
 
 def _held_tensors(path: str, value: object) -> list[tuple[str, torch.Tensor]]:

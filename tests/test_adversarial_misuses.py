@@ -35,6 +35,7 @@ from moe_core import (
     Scoring,
     SigmoidTopK,
     SparseMixer,
+    DispatchOutput,
     StandardDispatchOutput,
     TopKOutput,
     route,
@@ -59,7 +60,7 @@ from moe_core.formats import NVFP4
 from moe_core.formats.fp8 import Fp8MoeWeights
 from moe_core.formats.mxfp4 import Mxfp4MoeWeights
 from moe_core.formats.nvfp4_w4a16 import Nvfp4W4A16MoeWeights
-from moe_core.registry import choose
+from moe_core.registry import BoundRunner, choose
 from moe_core.global_scales import NVFP4_RANGE
 from moe_core.synthetic import (
     quantize_fp8_layer,
@@ -559,3 +560,29 @@ def test_a_dequantize_side_input_scale_read_as_an_amax_is_refused_by_the_referen
     assert bool(torch.isfinite(out).all()) and float(out.abs().max()) > 0
     with pytest.raises(ValueError, match=r"w13_input_scales?: \d+ of the \d+ values of local expert \d+'s first GEMM"):
         misread(dispatch)
+
+
+@attrs.frozen
+class _InPlaceRunner:
+    """A plugin's runner that rounds its input through FP8 in place, "to save a buffer"."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        x = dispatch.hidden_states
+        scale = x.abs().amax() / 448
+        x.copy_((x / scale).to(torch.float8_e4m3fn).float() * scale)
+        return REFERENCE_DENSE.factory(self.config).run(dispatch, quant_info)
+
+
+def test_a_runner_that_writes_its_inputs_in_place_is_named(gen: torch.Generator) -> None:
+    """The caller's hidden states came back FP8-rounded (a residual add and a shared expert then read them: 0.04
+    off, silently). A bound forward compares the dispatch's tensors' write counts around the run."""
+    config = _config()
+    x = torch.randn(6, H, generator=gen) * 3
+    kept = x.clone()
+    dispatch = StandardDispatchOutput(x, select_experts(torch.randn(6, E, generator=gen), config))
+    with pytest.raises(RuntimeError, match=r"_InPlaceRunner\.run wrote the dispatch's hidden_states in place"):
+        BoundRunner(_InPlaceRunner(config), _weights(gen))(dispatch)
+    assert not torch.equal(x, kept)  # the write happened; the forward named it instead of returning an output
+    REFERENCE_DENSE.bind(config, _weights(gen))(StandardDispatchOutput(kept, dispatch.topk))  # ours write nothing
