@@ -49,6 +49,9 @@ E8M0_MAX_CODE = 240
 """The largest exponent taken (a block scale of ``2 ** 113``, far above any model's weights, whose exponents sit
 near 127): every kernel decodes up to it (Triton folds its decode's ``2 ** 14`` into the scale, a float32 up to
 here), and uint8 arithmetic that wrapped (``scales - 127`` on the exponents of weights below 1) lands above it."""
+E8M0_MIN_TYPICAL_CODE = E8M0_BIAS - 64
+"""The median exponent below which a scale tensor is refused: half the blocks scaled below 2**-64 is no weight's (a
+checkpoint's block scales sit near 2**-8 to 1), but E8M0 values converted to integers (0 and 1)."""
 
 
 @final
@@ -80,6 +83,13 @@ class E8M0Scales:
         if values_readable(codes) and codes.numel():
             if bool((codes == E8M0_NAN).any()):
                 raise ValueError(f"{name}: expected exponents below {E8M0_NAN} (E8M0 {E8M0_NAN} is NaN), found some")
+            typical = int(codes.flatten().median())
+            if typical < E8M0_MIN_TYPICAL_CODE:
+                raise ValueError(
+                    f"{name}: expected biased exponents (127 is a block scale of 1), found a median of {typical} (half "
+                    f"the blocks scaled below 2**{E8M0_MIN_TYPICAL_CODE - E8M0_BIAS}): E8M0 values converted to integers "
+                    "(.to(torch.uint8), 2**-5 -> 0) instead of their bits viewed (.view(torch.uint8))?"
+                )
             largest = int(codes.max())
             if largest > E8M0_MAX_CODE:
                 raise ValueError(
@@ -106,7 +116,10 @@ class E8M0Scales:
 
     @classmethod
     def from_checkpoint(cls, codes: torch.Tensor) -> E8M0Scales:
-        """Scales as gpt-oss checkpoints store them (``*_scales``): uint8 biased exponents ``[..., rows, cols / 32]``."""
+        """Scales as gpt-oss checkpoints store them (``*_scales``): uint8 biased exponents ``[..., rows, cols / 32]``,
+        or a ``torch.float8_e8m0fnu`` tensor (another MX library's), whose bits are those exponents."""
+        if isinstance(codes, torch.Tensor) and codes.dtype == torch.float8_e8m0fnu:
+            codes = codes.view(torch.uint8)
         return cls._of(codes)
 
     @property

@@ -209,6 +209,31 @@ def _require_routed_weights(weights: torch.Tensor, config: MoeRunnerConfig) -> N
         )
 
 
+TIED_LOGITS = 1e-5
+"""How far (relative to the logits' magnitude) a chosen expert's logit may sit below an unchosen one's: scores that
+tie in float32 (a saturated softmax or sigmoid) are chosen in either order."""
+
+
+def _require_top_ids(ids: torch.Tensor, logits: torch.Tensor, method: str) -> None:
+    """Raise ``ValueError`` unless each token's ids are a top-k of its logits (every method but grouped top-k and
+    sparsemixer chooses on the logits or a monotone map of them): weights computed right for other ids pass the
+    weights' check."""
+    if ids.shape[1] >= logits.shape[1]:
+        return
+    chosen = logits.gather(1, ids.long())
+    others = logits.scatter(1, ids.long(), float("-inf")).amax(dim=1)
+    slack = TIED_LOGITS * (1 + logits.abs().amax(dim=1))
+    short = chosen.amin(dim=1) < others - slack
+    if bool(short.any()):
+        token = int(short.nonzero()[0, 0])
+        raise ValueError(
+            f"topk_ids: {method} routing chooses each token's {ids.shape[1]} highest-scoring experts of its router_logits, "
+            f"but token {token} has {ids[token].tolist()} (logits {[round(v, 4) for v in chosen[token].tolist()]}) while "
+            f"an unchosen expert scores {float(others[token]):.4g} (ids of other logits or another method? build the "
+            "top-k with moe_core.select_experts, or from_router_logits=False for a top-k edited after routing)"
+        )
+
+
 def _require_weights_of_logits(
     weights: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor, config: MoeRunnerConfig
 ) -> None:
@@ -232,6 +257,8 @@ def _require_weights_of_logits(
             )
         expected = routed.topk_weights
     else:
+        if not isinstance(method, GroupedTopK):  # its choice adds the correction bias, which a top-k does not carry
+            _require_top_ids(ids, logits.float().to(ids.device), method.value)
         expected = method_weights(logits.float(), ids, method)
     off = (weights - expected.to(weights.device)).abs()
     if float(off.max()) > ROUTED_WEIGHTS_SLACK:

@@ -110,8 +110,17 @@ class ExpertScheme(abc.ABC, Generic[W]):
         return tuple(candidates(self._source, strict=self.strict))
 
     def load_expert_weight(self, name: str, tensor: torch.Tensor, *, expert_id: int, shard: ExpertShard) -> bool:
-        """Take one checkpoint tensor (``experts.{expert_id}.{shard}.{name}``); False if the expert is not local."""
+        """Take one checkpoint tensor (``experts.{expert_id}.{shard}.{name}``); False if the expert is not local.
+        Refused once the weights were processed: a scheme object is one layer."""
+        self._require_unprocessed(f"load_expert_weight({name!r}, expert_id={expert_id})")
         return self._params.load(name, tensor, expert_id=expert_id, shard=shard)
+
+    def _require_unprocessed(self, call: str) -> None:
+        if self._forward is not None:
+            raise RuntimeError(
+                f"{self.name}.{call}: this scheme already processed its weights and released its parameters; a "
+                "scheme object holds one layer: build a new one for each layer"
+            )
 
     @abc.abstractmethod
     def canonical_weights(self) -> W:
@@ -136,6 +145,7 @@ class ExpertScheme(abc.ABC, Generic[W]):
         keeps the canonical weights in :attr:`weights` (a second copy, for
         checks against the reference).
         """
+        self._require_unprocessed("process_weights_after_loading()")
         self._params.require_complete()
         weights = self.canonical_weights()
         selection = self.choose_backend()

@@ -586,3 +586,29 @@ def test_a_runner_that_writes_its_inputs_in_place_is_named(gen: torch.Generator)
         BoundRunner(_InPlaceRunner(config), _weights(gen))(dispatch)
     assert not torch.equal(x, kept)  # the write happened; the forward named it instead of returning an output
     REFERENCE_DENSE.bind(config, _weights(gen))(StandardDispatchOutput(kept, dispatch.topk))  # ours write nothing
+
+
+def test_ids_that_are_not_a_top_k_of_their_logits_are_refused(gen: torch.Generator) -> None:
+    """A hand-built top-k of the lowest logits (``argsort()[:, :k]``), its weights computed right for those ids and
+    said to come from the logits, passed the weights' check and ran 1.40 off (adversarial pass 3, c40)."""
+    config = _config()
+    logits = torch.randn(6, E, generator=gen)
+    lowest = logits.argsort(dim=1)[:, :2]
+    weights = torch.softmax(logits.gather(1, lowest), dim=1)
+    topk = TopKOutput(lowest.to(torch.int32), weights, router_logits=logits, from_router_logits=True, num_experts=E)
+    dispatch = StandardDispatchOutput(torch.randn(6, H, generator=gen), topk)
+    forward = REFERENCE_DENSE.bind(config, _weights(gen))
+    with pytest.raises(ValueError, match=r"topk_ids: topk_renormalize routing chooses each token's 2 highest-scoring"):
+        forward(dispatch)
+    forward(StandardDispatchOutput(dispatch.hidden_states, select_experts(logits, config)))
+
+
+def test_a_scheme_object_loaded_twice_is_named() -> None:
+    """One scheme object loaded with layer 0 and then layer 1 failed with a raw ``KeyError: 'weight'`` from inside
+    the parameter container (adversarial pass 3, c35): a scheme holds one layer."""
+    checkpoint = MoeCheckpoint(FIXTURES / "qwen3_moe_bf16")
+    scheme = checkpoint.load_layer(0)
+    with pytest.raises(RuntimeError, match=r"already processed its weights .* build a new one for each layer"):
+        checkpoint.load_into(1, scheme)
+    with pytest.raises(RuntimeError, match=r"process_weights_after_loading\(\): this scheme already processed"):
+        scheme.process_weights_after_loading()

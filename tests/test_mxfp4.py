@@ -73,7 +73,19 @@ def test_e8m0_scales_refuse_nan_and_raw_construction() -> None:
     with pytest.raises(TypeError):
         E8M0Scales(torch.zeros(2, 2, dtype=torch.uint8))  # type: ignore[call-arg]  # the point: no raw constructor
     with pytest.raises(ValueError, match="one scale per 32"):
-        Mxfp4ExpertWeights(torch.zeros(1, 4, 32, dtype=torch.uint8), E8M0Scales.from_checkpoint(torch.zeros(1, 4, 1, dtype=torch.uint8)))
+        Mxfp4ExpertWeights(torch.zeros(1, 4, 32, dtype=torch.uint8), E8M0Scales.from_checkpoint(torch.full((1, 4, 1), 127, dtype=torch.uint8)))
+
+
+def test_e8m0_values_converted_to_integers_are_refused_and_their_bits_taken(gen: torch.Generator) -> None:
+    """Scales another MX library hands over as ``torch.float8_e8m0fnu``: ``.to(torch.uint8)`` converts the values
+    (2**-5 -> 0) and every weight decodes to about 2**-127 (the layer 1.00 off, silently: adversarial pass 3, c04);
+    the e8m0 tensor itself is read by its bits."""
+    weights = Mxfp4ExpertWeights.quantize(torch.randn(2, 64, 64, generator=gen) / 8)
+    as_e8m0 = weights.scales.codes.clone().view(torch.float8_e8m0fnu)
+    with pytest.raises(ValueError, match=r"found a median of [01] .*\.view\(torch\.uint8\)"):
+        E8M0Scales.from_checkpoint(as_e8m0.to(torch.uint8))
+    taken = E8M0Scales.from_checkpoint(as_e8m0)
+    assert torch.equal(taken.codes, weights.scales.codes)
 
 
 def _random_weights(gen: torch.Generator, experts: int = 4, hidden: int = 64, inter: int = 32) -> Mxfp4MoeWeights:

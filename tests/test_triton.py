@@ -123,7 +123,10 @@ REAL = [
 SHAPES = REAL if CUDA else SMALL
 BLOCK_SHAPES = REAL if CUDA else [(1, 4, 1, 128, 128, 4, 0), (9, 8, 2, 256, 128, 4, 4)]
 """Block-scaled FP8 needs H and I multiples of 128."""
-FP8_BLOCK_TOLERANCE = {torch.float16: 3e-2, torch.bfloat16: 5e-2, torch.float32: 5e-3}
+FP8_BLOCK_TOLERANCE = {torch.float16: 5e-2, torch.bfloat16: 5e-2, torch.float32: 5e-3}
+"""The kernel quantizes the gated activation after writing it in the hidden dtype, the reference from float32: an
+element within an fp16 ulp of an E4M3 rounding boundary takes the other code (one 2^-3 step). At one token (128
+outputs) a flip on a large element shows: 520 seeds of the T=1 fp16 case measured up to 3.5e-2 (seed 63)."""
 
 
 def shape_id(shape: tuple[int, ...]) -> str:
