@@ -148,9 +148,10 @@ def mxfp4_dequantizes(
 
 
 FP8_WIDE_ROWS = 512
-"""Per-tensor and per-channel FP8 from 64 up to this many rows per expert: 64 x 256 tiles with 8 warps, what the tuner
-chose on every layer measured there (H200 Mixtral at 256 rows per expert; H100 Qwen3-30B at 256 and 512), where the
-128 x 128 prefill tiles ran at 78-89% of it (H100 Qwen3). Beyond it 128 x 128 (both devices, 1024-2048 rows)."""
+"""Per-tensor and per-channel FP8 above 128 and up to this many rows per expert: 64 x 256 tiles with 8 warps, what
+the tuner chose on every layer measured there (H200 Mixtral at 256 rows per expert; H100 Qwen3-30B at 256 and 512),
+where the 128 x 128 prefill tiles ran at 78-89% of it (H100 Qwen3). At 128 rows the H200 chose 64-row blocks of 64
+and 128 columns (DeepSeek-V3); beyond 512, 128 x 128 (both devices, 1024-2048 rows)."""
 
 
 def _fp8_tiles(
@@ -158,12 +159,14 @@ def _fp8_tiles(
 ) -> tuple[int, int, int, int, int]:
     """The FP8 (per-tensor, per-channel) tiles where the tuned tables of both Hoppers agree and the 16-bit tiles did
     not: 256-deep K tiles where 32-row blocks begin (one-byte elements: the bytes of bf16's 128), 128 columns from 32
-    rows per expert, 64 x 256 up to :data:`FP8_WIDE_ROWS` rows."""
+    rows per expert (up to 128), 64 x 256 up to :data:`FP8_WIDE_ROWS` rows."""
     if DECODE_ROWS / 2 < rows_per_expert <= DECODE_ROWS:
         return block_m, block_n, 256, warps, stages
     if DECODE_ROWS < rows_per_expert <= 64:
         return block_m, 128 if rows_per_expert > 32 else block_n, widest, warps, stages
-    if 64 < rows_per_expert <= FP8_WIDE_ROWS:
+    if 64 < rows_per_expert <= 128:
+        return 64, 128, 128, 4, 4
+    if 128 < rows_per_expert <= FP8_WIDE_ROWS:
         return 64, 256, 128, 8, 3
     return block_m, block_n, widest, warps, stages
 
