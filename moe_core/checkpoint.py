@@ -359,16 +359,16 @@ class MoeCheckpoint:
 
     def _require_agreement(self, config: MoeRunnerConfig) -> None:
         """Refuse a config that computes another layer than this checkpoint's. The caller's own: this rank's experts,
-        and ``top_k`` 1 in place of the checkpoint's (the runner's slots per row over a dispatcher's slot rows); any
-        other ``top_k`` routes the model otherwise."""
-        if config.top_k not in (1, self.top_k):
+        and a slot-row config (:func:`~moe_core.distributed.slot_config`: ``top_k`` 1 over a dispatcher's slot
+        rows); any other ``top_k``, 1 included, routes the model otherwise."""
+        if config.top_k != self.top_k and not config.slot_rows:
             raise ValueError(
                 f"config.top_k: {self.directory / 'config.json'} routes each token to {self.top_k} experts, got "
-                f"{config.top_k} (only 1 is the caller's: a dispatcher's slot rows, one slot each)"
+                f"{config.top_k} (a dispatcher's slot rows, one slot each, take moe_core.distributed.slot_config(config))"
             )
         own = attrs.evolve(
             self.runner_config(num_local_experts=config.num_local_experts, local_expert_offset=config.local_expert_offset),
-            top_k=config.top_k,
+            top_k=config.top_k, slot_rows=config.slot_rows,
         )
         differ = [
             f"{field.name} {getattr(config, field.name)!r} (the checkpoint's: {getattr(own, field.name)!r})"
@@ -378,7 +378,7 @@ class MoeCheckpoint:
         if differ:
             raise ValueError(
                 f"config: {self.directory / 'config.json'} describes another layer: {'; '.join(differ)}; only "
-                "num_local_experts, local_expert_offset (this rank's experts) and top_k (rows per token) are the caller's"
+                "num_local_experts, local_expert_offset (this rank's experts) and slot rows (slot_config) are the caller's"
             )
 
     def _require_layer(self, layer: int) -> None:

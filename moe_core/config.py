@@ -412,11 +412,17 @@ class MoeRunnerConfig:
     routed_scaling_factor: float = 1.0
     expert_biases: bool = attrs.field(default=False, validator=_bool)
     """Each expert adds a bias after both GEMMs (gpt-oss): a backend whose kernels add none refuses the layer."""
+    slot_rows: bool = attrs.field(default=False, validator=_bool, kw_only=True)
+    """A runner's config over a dispatcher's slot rows (one ``(token, slot)`` pair a row, ``top_k`` 1), made by
+    :func:`moe_core.distributed.slot_config`; routing refuses it (tokens route with the layer's own ``top_k``), and a
+    checkpoint takes ``top_k`` 1 in place of its own only with it."""
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_experts", "hidden_size", "intermediate_size_per_partition", "top_k", "num_local_experts"):
             require_int(name, getattr(self, name), minimum=1)
         require_int("local_expert_offset", self.local_expert_offset, minimum=0)
+        if self.slot_rows and self.top_k != 1:
+            raise ValueError(f"top_k: a slot-row config runs one (token, slot) pair a row, top_k 1, got {self.top_k}")
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k: expected at most num_experts={self.num_experts}, got {self.top_k}")
         if self.local_expert_offset + self.num_local_experts > self.num_experts:

@@ -185,6 +185,11 @@ def _sparsemixer(logits: torch.Tensor, method: SparseMixer) -> tuple[torch.Tenso
 def check_router_logits(router_logits: torch.Tensor, config: MoeRunnerConfig) -> None:
     """Raise unless ``router_logits`` is a float ``[T, num_experts]`` tensor of ``config``'s layer (metadata only):
     what :func:`select_experts` and the fused routing kernels take."""
+    if config.slot_rows:
+        raise ValueError(
+            "config: a slot-row config (top_k 1 a (token, slot) row, a runner's over a dispatcher's rows) routes no "
+            "tokens: route them with the layer's own config and top_k"
+        )
     require_tensor("router_logits", router_logits)
     require_dtype("router_logits", router_logits, FLOAT_DTYPES)
     require_ndim("router_logits", router_logits, 2, "[num_tokens, num_experts]")

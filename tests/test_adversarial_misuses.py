@@ -54,7 +54,7 @@ from moe_core.backends.reference import (
 )
 from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.checkpoint import MoeCheckpoint
-from moe_core.distributed import ExpertParallelMoe, LocalDispatcher, load_expert_parallel
+from moe_core.distributed import ExpertParallelMoe, LocalDispatcher, load_expert_parallel, slot_config
 from moe_core.formats.dense import ExpertBiases
 from moe_core.formats import NVFP4
 from moe_core.formats.fp8 import Fp8MoeWeights
@@ -311,7 +311,12 @@ def test_a_checkpoint_layer_takes_its_own_top_k_or_slot_rows_only() -> None:
     assert config.top_k == 2
     with pytest.raises(ValueError, match=r"config.top_k: .* routes each token to 2 experts, got 4"):
         checkpoint.load_layer(0, config=attrs.evolve(config, top_k=4))
-    assert checkpoint.load_layer(0, config=attrs.evolve(config, top_k=1)).config.top_k == 1
+    with pytest.raises(ValueError, match=r"config.top_k: .* routes each token to 2 experts, got 1 \(a dispatcher's"):
+        checkpoint.load_layer(0, config=attrs.evolve(config, top_k=1))  # then routed top-1: 0.96 off (pass 3, c43)
+    slots = slot_config(config)
+    assert checkpoint.load_layer(0, config=slots).config.top_k == 1
+    with pytest.raises(ValueError, match=r"config: a slot-row config .* routes no tokens"):
+        select_experts(torch.randn(3, config.num_experts), slots)
 
 
 def test_an_expert_parallel_forward_bound_for_another_config_is_refused(gen: torch.Generator) -> None:

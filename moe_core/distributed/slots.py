@@ -30,10 +30,11 @@ from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 
 
 def slot_config(config: MoeRunnerConfig) -> MoeRunnerConfig:
-    """``config`` for runs over slot rows: ``top_k = 1``, all else as given (experts, sizes, scaling factor)."""
+    """``config`` for runs over slot rows: ``top_k = 1`` and ``slot_rows``, all else as given (experts, sizes,
+    scaling factor)."""
     if not isinstance(config, MoeRunnerConfig):
         raise TypeError(f"config: expected a MoeRunnerConfig, got {type(config).__name__}")
-    return attrs.evolve(config, top_k=1)
+    return attrs.evolve(config, top_k=1, slot_rows=True)
 
 
 def slot_rows(
