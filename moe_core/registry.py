@@ -69,11 +69,12 @@ class BoundRunner(Generic[Q]):
     runner: Runner[Q]
     quant_info: Q
     _writes: tuple[tuple[str, torch.Tensor, int], ...] = attrs.field(init=False, repr=False)
-    """Each tensor the quant info holds, by field path, with its write count when its weights were built (or at binding, for tensors no weight type recorded)."""
+    """Each tensor the quant info holds, by field path, with its write count when its weights were built (at binding,
+    for tensors no weight type recorded)."""
 
     def __attrs_post_init__(self) -> None:
-        held = _held_tensors(type(self.quant_info).__name__, self.quant_info)
-        counted = [(path, t, built_write_count(t)) for path, t in held]
+        tensors = _held_tensors(type(self.quant_info).__name__, self.quant_info)
+        counted = [(path, t, built_write_count(t)) for path, t in tensors]
         object.__setattr__(self, "_writes", tuple(held for held in counted if held[2] >= 0))  # inference tensors count none
 
     def __call__(self, dispatch: DispatchOutput, /) -> torch.Tensor:
@@ -99,7 +100,7 @@ class BoundRunner(Generic[Q]):
             if write_count(tensor) != count:
                 raise RuntimeError(
                     f"{type(self.runner).__name__}.run wrote the dispatch's {name} in place: the caller still reads "
-                    "them (a residual, a shared expert, the next layer); a runner computes into its own buffers"
+                    "it (a residual, a shared expert, the next layer); a runner computes into its own buffers"
                 )
         if isinstance(dispatch, StandardDispatchOutput):
             hidden = dispatch.hidden_states
