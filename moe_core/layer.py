@@ -72,6 +72,31 @@ class SharedExpert:
             require_finite(f"SharedExpert.{name}", tensor)
         require_same_device(tensors)
 
+    @classmethod
+    def from_projections(
+        cls,
+        *,
+        gate: torch.Tensor,
+        up: torch.Tensor,
+        down: torch.Tensor,
+        activation: ExpertActivation,
+        output_gate: torch.Tensor | None = None,
+    ) -> SharedExpert:
+        """A gated MLP from its three projections by role, as checkpoints store them (``gate_proj`` and ``up_proj``
+        ``[I, H]``, ``down_proj`` ``[H, I]``; Qwen2-MoE's ``shared_expert_gate`` ``[1, H]`` as ``output_gate``):
+        fused here in ``w13``'s order, gate rows first, so that no caller concatenates them (up first ran 0.61 off,
+        silently)."""
+        if isinstance(activation, ACTIVATION_TYPES) and not activation.gated:
+            raise ValueError(f"activation: {activation.value} is not gated: build SharedExpert(w13=up, ...) directly")
+        for name, tensor in (("gate", gate), ("up", up)):
+            require_tensor(f"SharedExpert.from_projections: {name}", tensor)
+            require_ndim(f"SharedExpert.from_projections: {name}", tensor, 2, "[intermediate_size, hidden_size]")
+        if gate.shape != up.shape:
+            raise ValueError(
+                f"SharedExpert.from_projections: up: expected shape {tuple(gate.shape)} like gate, got {tuple(up.shape)}"
+            )
+        return cls(w13=torch.cat((gate, up)), w2=down, activation=activation, gate=output_gate)
+
     def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` output of ``hidden_states [T, H]`` (of the weights' dtype)."""
         if hidden_states.dtype != self.w13.dtype:

@@ -617,3 +617,18 @@ def test_a_scheme_object_loaded_twice_is_named() -> None:
         checkpoint.load_into(1, scheme)
     with pytest.raises(RuntimeError, match=r"process_weights_after_loading\(\): this scheme already processed"):
         scheme.process_weights_after_loading()
+
+
+def test_a_shared_expert_from_its_projections_keeps_gate_before_up(gen: torch.Generator) -> None:
+    """``SharedExpert(w13=torch.cat((up, gate)))`` ran 0.61 off, silently (adversarial pass 3, c24): the
+    projections by role fuse in the one order, and match the model's MLP ``down(act(gate x) * up x)``."""
+    gate, up = torch.randn(I, H, generator=gen) / 6, torch.randn(I, H, generator=gen) / 6
+    down, x = torch.randn(H, I, generator=gen) / 4, torch.randn(5, H, generator=gen)
+    shared = SharedExpert.from_projections(gate=gate, up=up, down=down, activation=Activation.SILU_GATED)
+    x64 = x.double()
+    expected = (torch.nn.functional.silu(x64 @ gate.double().T) * (x64 @ up.double().T)) @ down.double().T
+    assert float((shared(x).double() - expected).norm() / expected.norm()) < 1e-6
+    with pytest.raises(ValueError, match=r"up: expected shape \(16, 32\) like gate"):
+        SharedExpert.from_projections(gate=gate, up=up[:8], down=down, activation=Activation.SILU_GATED)
+    with pytest.raises(ValueError, match="relu2 is not gated"):
+        SharedExpert.from_projections(gate=gate, up=up, down=down, activation=Activation.RELU2)

@@ -261,8 +261,10 @@ def _linear(owner: object, path: str) -> torch.Tensor:
 
 def _mlp(owner: object, path: str, activation: ExpertActivation, gate: torch.Tensor | None = None) -> SharedExpert:
     """A transformers dense MLP (bias-free ``gate_proj``, ``up_proj``, ``down_proj``) as a shared expert."""
-    w13 = torch.cat((_linear(owner, f"{path}.gate_proj"), _linear(owner, f"{path}.up_proj")))
-    return SharedExpert(w13=w13, w2=_linear(owner, f"{path}.down_proj"), activation=activation, gate=gate)
+    return SharedExpert.from_projections(
+        gate=_linear(owner, f"{path}.gate_proj"), up=_linear(owner, f"{path}.up_proj"),
+        down=_linear(owner, f"{path}.down_proj"), activation=activation, output_gate=gate,
+    )
 
 
 def _shared(block: nn.Module, path: str, activation: ExpertActivation) -> SharedExpert | None:
