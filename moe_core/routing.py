@@ -32,6 +32,7 @@ from moe_core.config import (
     GroupScore,
     Llama4Sigmoid,
     MoeRunnerConfig,
+    Routing,
     RoutingMethod,
     Scoring,
     SigmoidTopK,
@@ -231,12 +232,9 @@ def select_experts(
     check_router_logits(router_logits, config)
     method = config.routing_method
     if isinstance(score_correction_bias, Unset):
-        if isinstance(method, GroupedTopK):
-            raise ValueError(
-                f"score_correction_bias: {method.value} routing chooses with the router's correction bias "
-                "(DeepSeek-V3's e_score_correction_bias): pass it, or None for a router without one "
-                "(route(hidden_states, router, config) passes the router's own)"
-            )
+        _require_correction_bias_said(
+            "score_correction_bias", method, "None", "route(hidden_states, router, config) passes the router's own"
+        )
         score_correction_bias = None
     if score_correction_bias is not None:
         check_correction_bias(score_correction_bias, router_logits, config)
@@ -268,11 +266,20 @@ def check_router(router: Router, config: MoeRunnerConfig) -> None:
             "scores chosen with a correction bias (MiniMax-M2, AFMoE, LFM2) are GroupedTopK(n_group=1, topk_group=1, "
             "renormalize=...) with Router(score_correction_bias=...)"
         )
-    if isinstance(router.score_correction_bias, Unset) and isinstance(config.routing_method, GroupedTopK):
+    if isinstance(router.score_correction_bias, Unset):
+        _require_correction_bias_said(
+            "Router.score_correction_bias", config.routing_method, "score_correction_bias=None",
+            "MoeCheckpoint.router(layer) reads the checkpoint's",
+        )
+
+
+def _require_correction_bias_said(name: str, method: Routing, none: str, hint: str) -> None:
+    """Refuse a correction bias left unset under :class:`~moe_core.config.GroupedTopK`, which chooses with it:
+    ``none`` is how the caller says a router has none, ``hint`` where the bias comes from."""
+    if isinstance(method, GroupedTopK):
         raise ValueError(
-            f"Router.score_correction_bias: {config.routing_method.value} routing chooses with the router's correction "
-            "bias (DeepSeek-V3's e_score_correction_bias): pass it, or score_correction_bias=None for a router without "
-            "one (MoeCheckpoint.router(layer) reads the checkpoint's)"
+            f"{name}: {method.value} routing chooses with the router's correction bias (DeepSeek-V3's "
+            f"e_score_correction_bias): pass it, or {none} for a router without one ({hint})"
         )
 
 
