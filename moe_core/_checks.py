@@ -195,37 +195,37 @@ def require_unwritten(name: str, tensor: torch.Tensor, count: int) -> None:
         )
 
 
-_BUILT: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
-"""Per tensor a weight type was built from (by ``id``, while it lives): its write count at the first build."""
+_BUILT: weakref.WeakKeyDictionary[object, list[tuple[str, torch.Tensor, int]]] = weakref.WeakKeyDictionary()
+"""Per weight object (while it lives): each tensor it was built from, by field, with its write count at the build."""
 
 
-def record_built(tensor: torch.Tensor) -> None:
-    """Remember ``tensor``'s write count as a weight type is built from it (the first build counts).
+def record_built(holder: object, field: str, tensor: torch.Tensor) -> None:
+    """Remember the write count of ``tensor``, ``holder``'s ``field``, as that weight object is built from it.
 
     Weight types hold their tensors as given, without copying (a
-    checkpoint's, a loader's staging buffer); a bound runner then compares
-    against this count (:func:`built_write_count`), so that a buffer written
-    with another layer's weights between building and binding is refused
-    too, not only one written after binding. Inference tensors count no
-    writes and are skipped.
+    checkpoint's, a loader's staging buffer): a buffer written with another
+    layer's weights between building and binding would bind that layer's.
+    Binding checks the record (:func:`require_unwritten_since_built`); each
+    object keeps its own, so weights built anew from a rewritten buffer
+    bind, while those built before the write are refused. Inference
+    tensors count no writes and are skipped.
     """
-    if tensor.is_inference():
+    if not tensor.is_inference():
+        _BUILT.setdefault(holder, []).append((field, tensor, write_count(tensor)))
+
+
+def require_unwritten_since_built(path: str, holder: object) -> None:
+    """Raise ``RuntimeError`` naming the tensor (by ``path``, where ``holder`` sits) if one that ``holder`` was built
+    from has been written in place since (:func:`record_built`); nothing for an object that recorded none."""
+    try:
+        records = _BUILT.get(holder, [])
+    except TypeError:  # not weakly referable: no weight type
         return
-    key = id(tensor)
-    held = _BUILT.get(key)
-    if held is not None and held[0]() is tensor:
-        return
-
-    def forget(ref: weakref.ref[torch.Tensor], key: int = key) -> None:
-        if _BUILT.get(key, (None, 0))[0] is ref:
-            del _BUILT[key]
-
-    _BUILT[key] = (weakref.ref(tensor, forget), write_count(tensor))
-
-
-def built_write_count(tensor: torch.Tensor) -> int:
-    """``tensor``'s write count when a weight type was first built from it, else its count now."""
-    held = _BUILT.get(id(tensor))
-    if held is not None and held[0]() is tensor:
-        return held[1]
-    return write_count(tensor)
+    for field, tensor, count in records:
+        now = write_count(tensor)
+        if now != count:
+            raise RuntimeError(
+                f"{path}.{field}: written in place after its weights were built ({now - count} write(s), e.g. a staging "
+                "buffer reused for the next layer's weights): built weights are immutable; build new ones from it "
+                "(a scheme reloads through its loader)"
+            )

@@ -284,7 +284,7 @@ class _Fp8Stack:
         require_ndim(name, self.codes, 3, "[num_experts, rows, cols]")
         require_finite(name, self.codes)
         _refuse_misscaled_codes(name, self.codes)
-        record_built(self.codes)
+        record_built(self, "codes", self.codes)
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -181,7 +181,7 @@ class Mxfp4ExpertWeights:
         require_tensor(name, self.packed)
         require_dtype(name, self.packed, (torch.uint8,))
         require_ndim(name, self.packed, 3, "[num_experts, rows, cols / 2]")
-        record_built(self.packed)
+        record_built(self, "packed", self.packed)
         if not isinstance(self.scales, E8M0Scales):
             raise TypeError(f"Mxfp4ExpertWeights.scales: expected E8M0Scales, got {type(self.scales).__name__}")
         if (2 * self.packed.shape[-1]) % MXFP4_BLOCK:

@@ -163,11 +163,13 @@ def _check_float_input(name: str, x: torch.Tensor, ndim: int, layout: str) -> No
     require_finite(name, x)
 
 
-def _check_packed(cls_name: str, packed: torch.Tensor, scales: LinearBlockScales, ndim: int, layout: str) -> None:
+def _check_packed(
+    holder: object, cls_name: str, packed: torch.Tensor, scales: LinearBlockScales, ndim: int, layout: str
+) -> None:
     require_tensor(f"{cls_name}.packed", packed)
     require_dtype(f"{cls_name}.packed", packed, (torch.uint8,))
     require_ndim(f"{cls_name}.packed", packed, ndim, layout)
-    record_built(packed)
+    record_built(holder, "packed", packed)
     if not isinstance(scales, LinearBlockScales):
         raise TypeError(f"{cls_name}.block_scales: expected LinearBlockScales, got {type(scales).__name__}")
     if (2 * packed.shape[-1]) % BLOCK_SIZE:
@@ -190,7 +192,7 @@ class Nvfp4Tensor:
     global_scale: QuantizeGlobalScale
 
     def __attrs_post_init__(self) -> None:
-        _check_packed("Nvfp4Tensor", self.packed, self.block_scales, 2, "[rows, cols / 2]")
+        _check_packed(self, "Nvfp4Tensor", self.packed, self.block_scales, 2, "[rows, cols / 2]")
         if not isinstance(self.global_scale, QuantizeGlobalScale):
             raise TypeError(
                 f"Nvfp4Tensor.global_scale: expected QuantizeGlobalScale, got {type(self.global_scale).__name__}"
@@ -245,7 +247,7 @@ class Nvfp4ExpertWeights:
     global_scales: ExpertQuantizeGlobalScales
 
     def __attrs_post_init__(self) -> None:
-        _check_packed("Nvfp4ExpertWeights", self.packed, self.block_scales, 3, "[num_experts, rows, cols / 2]")
+        _check_packed(self, "Nvfp4ExpertWeights", self.packed, self.block_scales, 3, "[num_experts, rows, cols / 2]")
         if not isinstance(self.global_scales, ExpertQuantizeGlobalScales):
             raise TypeError(
                 "Nvfp4ExpertWeights.global_scales: expected ExpertQuantizeGlobalScales, "

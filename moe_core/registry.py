@@ -34,7 +34,7 @@ from typing import Generic, Protocol, TypeVar, final, overload
 import attrs
 import torch
 
-from moe_core._checks import built_write_count, write_count
+from moe_core._checks import require_unwritten_since_built, write_count
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig
 from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
@@ -69,13 +69,13 @@ class BoundRunner(Generic[Q]):
     runner: Runner[Q]
     quant_info: Q
     _writes: tuple[tuple[str, torch.Tensor, int], ...] = attrs.field(init=False, repr=False)
-    """Each tensor the quant info holds, by field path, with its write count when its weights were built (at binding,
-    for tensors no weight type recorded)."""
+    """Each tensor the quant info holds, by field path, with its write count at binding."""
 
     def __attrs_post_init__(self) -> None:
-        tensors = _held_tensors(type(self.quant_info).__name__, self.quant_info)
-        counted = [(path, t, built_write_count(t)) for path, t in tensors]
-        object.__setattr__(self, "_writes", tuple(held for held in counted if held[2] >= 0))  # inference tensors count none
+        held = _held(type(self.quant_info).__name__, self.quant_info)
+        refuse_writes_since_built(held)
+        counted = [(path, value, write_count(value)) for path, value in held if isinstance(value, torch.Tensor)]
+        object.__setattr__(self, "_writes", tuple(c for c in counted if c[2] >= 0))  # inference tensors count none
 
     def __call__(self, dispatch: DispatchOutput, /) -> torch.Tensor:
         """``runner.run(dispatch, quant_info)``; for standard dispatches, the output is held to the
@@ -123,19 +123,23 @@ def _dispatch_tensors(dispatch: DispatchOutput) -> list[tuple[str, torch.Tensor]
     return [("hidden_states", dispatch.hidden_states), ("topk_ids", topk.topk_ids), ("topk_weights", topk.topk_weights)]
 
 
-def _held_tensors(path: str, value: object) -> list[tuple[str, torch.Tensor]]:
-    """The tensors ``value`` holds through attrs fields, tuples and lists, each with its path from ``path``."""
-    if isinstance(value, torch.Tensor):
-        return [(path, value)]
+def _held(path: str, value: object) -> list[tuple[str, object]]:
+    """``value`` and what it holds through attrs fields, tuples and lists, each with its path from ``path``."""
     if isinstance(value, (tuple, list)):
-        return [found for index, item in enumerate(value) for found in _held_tensors(f"{path}[{index}]", item)]
+        return [found for index, item in enumerate(value) for found in _held(f"{path}[{index}]", item)]
     kind = type(value)
-    if attrs.has(kind):
-        return [
-            found for field in attrs.fields(kind)
-            for found in _held_tensors(f"{path}.{field.name.lstrip('_')}", getattr(value, field.name))
-        ]
-    return []
+    if not attrs.has(kind):
+        return [(path, value)]
+    return [(path, value)] + [
+        found for field in attrs.fields(kind) for found in _held(f"{path}.{field.name.lstrip('_')}", getattr(value, field.name))
+    ]
+
+
+def refuse_writes_since_built(held: list[tuple[str, object]]) -> None:
+    """Raise ``RuntimeError`` if a tensor that one of the ``held`` weight objects was built from has been written in
+    place since (a loader's buffer refilled with the next layer's weights before this one was bound)."""
+    for path, value in held:
+        require_unwritten_since_built(path, value)
 
 
 SupportsCheck = Callable[[DeviceSpec, LayerSpec], Support]
@@ -304,6 +308,7 @@ class Route(Generic[W, Q]):
         checked: object = weights  # a format's weights may check more of the layer than their shapes say
         if isinstance(checked, LayerChecked):
             checked.check_layer(config)
+        refuse_writes_since_built(_held(type(weights).__name__, weights))  # before a conversion copies them
         return self._key.bind(config, self._quant_info(weights))
 
 
@@ -347,6 +352,7 @@ class DegradedRoute(Generic[W, V]):
 
     def bind(self, config: MoeRunnerConfig, weights: W) -> MoeForward:
         """Degrade ``weights``, then convert them once into the backend's quant info."""
+        refuse_writes_since_built(_held(type(weights).__name__, weights))  # before the degradation copies them
         return self.route.bind(config, self.step.convert(weights))
 
 

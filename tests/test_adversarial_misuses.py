@@ -470,40 +470,83 @@ def test_weights_written_in_place_after_binding_refuse_to_run(gen: torch.Generat
         bound(routed)
 
 
-@pytest.mark.parametrize("fmt", ["dense", "nvfp4", "fp8", "mxfp4"])
-def test_weights_written_in_place_between_building_and_binding_refuse_to_run(fmt: str, gen: torch.Generator) -> None:
-    """Weights built from a loader's buffer (no copy), the buffer then filled with the next layer's codes, and only
-    then bound: the binding counted the writes from there and ran the other layer's weights (1.45 off for NVFP4).
-    Each weight type records its tensors' write counts where it is built; the bound forward holds them to those."""
+_Bind = Callable[[], Callable[[StandardDispatchOutput], torch.Tensor]]
+
+
+def _layer_with_buffer(fmt: str, gen: torch.Generator) -> tuple[MoeRunnerConfig, torch.Tensor, Callable[[torch.Tensor], _Bind]]:
+    """A layer of format ``fmt`` whose w2 codes come from a loader's buffer: the config, the buffer, and ``build``,
+    which builds the weights from a buffer as it is now (no copy) and returns a call that binds them."""
     w13, w2 = torch.randn(E, 2 * I, H, generator=gen) / 6, torch.randn(E, H, I, generator=gen) / 4
     config = _config()
-    forward: Callable[[StandardDispatchOutput], torch.Tensor]
     if fmt == "dense":
-        buffer = w2.clone()
-        forward = REFERENCE_DENSE.bind(config, DenseMoeWeights(w13=w13, w2=buffer))
-    elif fmt == "nvfp4":
-        down = Nvfp4ExpertWeights.quantize(w2)
-        buffer = down.packed.clone()
-        built = Nvfp4ExpertWeights(buffer, LinearBlockScales.from_checkpoint(down.block_scales.data.clone()), down.global_scales)
-        forward = REFERENCE_NVFP4_W4A16.bind(config, Nvfp4W4A16MoeWeights(w13=Nvfp4GateUpWeights.quantize(w13), w2=built))
-    elif fmt == "fp8":
-        down8 = Fp8ExpertWeights.quantize(w2)
-        buffer = down8.codes.clone()
-        forward = REFERENCE_FP8.bind(config, Fp8MoeWeights(
-            w13=Fp8GateUpWeights.quantize(w13), w2=Fp8ExpertWeights(buffer, down8.scales),
-            w13_input_scale=Fp8TensorScale.from_amax(4.0), w2_input_scale=Fp8TensorScale.from_amax(4.0)))
-    else:  # MXFP4 blocks are 32 wide: I = 32
-        config = MoeRunnerConfig(E, H, 32, 2)
-        w13, w2 = torch.randn(E, 64, H, generator=gen) / 6, torch.randn(E, H, 32, generator=gen) / 4
-        down4 = Mxfp4ExpertWeights.quantize(w2)
-        buffer = down4.packed.clone()
-        forward = REFERENCE_MXFP4.bind(config, Mxfp4MoeWeights(
-            w13=Mxfp4ExpertWeights.quantize(w13), w2=Mxfp4ExpertWeights(buffer, down4.scales)))
-    buffer.view(torch.uint8).bitwise_xor_(0x11)  # the next layer's bytes
+        def dense(buffer: torch.Tensor) -> _Bind:
+            weights = DenseMoeWeights(w13=w13, w2=buffer)
+            return lambda: REFERENCE_DENSE.bind(config, weights)
+        return config, w2.clone(), dense
+    if fmt == "nvfp4":
+        up, down = Nvfp4GateUpWeights.quantize(w13), Nvfp4ExpertWeights.quantize(w2)
+
+        def nvfp4(buffer: torch.Tensor) -> _Bind:
+            scales = LinearBlockScales.from_checkpoint(down.block_scales.data.clone())
+            weights = Nvfp4W4A16MoeWeights(w13=up, w2=Nvfp4ExpertWeights(buffer, scales, down.global_scales))
+            return lambda: REFERENCE_NVFP4_W4A16.bind(config, weights)
+        return config, down.packed.clone(), nvfp4
+    if fmt == "fp8":
+        up8, down8 = Fp8GateUpWeights.quantize(w13), Fp8ExpertWeights.quantize(w2)
+
+        def fp8(buffer: torch.Tensor) -> _Bind:
+            weights = Fp8MoeWeights(w13=up8, w2=Fp8ExpertWeights(buffer, down8.scales),
+                                    w13_input_scale=Fp8TensorScale.from_amax(4.0), w2_input_scale=Fp8TensorScale.from_amax(4.0))
+            return lambda: REFERENCE_FP8.bind(config, weights)
+        return config, down8.codes.clone(), fp8
+    config = MoeRunnerConfig(E, H, 32, 2)  # MXFP4 blocks are 32 wide: I = 32
+    up4 = Mxfp4ExpertWeights.quantize(torch.randn(E, 64, H, generator=gen) / 6)
+    down4 = Mxfp4ExpertWeights.quantize(torch.randn(E, H, 32, generator=gen) / 4)
+
+    def mxfp4(buffer: torch.Tensor) -> _Bind:
+        weights = Mxfp4MoeWeights(w13=up4, w2=Mxfp4ExpertWeights(buffer, down4.scales))
+        return lambda: REFERENCE_MXFP4.bind(config, weights)
+    return config, down4.packed.clone(), mxfp4
+
+
+@pytest.mark.parametrize("fmt", ["dense", "nvfp4", "fp8", "mxfp4"])
+def test_weights_written_in_place_between_building_and_binding_are_refused(fmt: str, gen: torch.Generator) -> None:
+    """Weights built from a loader's buffer (no copy), the buffer then filled with the next layer's codes, and only
+    then bound: the binding counted the writes from there and ran the other layer's weights (1.45 off for NVFP4).
+    Each weight object records its tensors' write counts where it is built; binding holds them to those."""
+    _, buffer, build = _layer_with_buffer(fmt, gen)
+    bind = build(buffer)
+    buffer.view(torch.uint8).bitwise_xor_(0x80)  # the next layer's bytes (every sign, or an exponent bit, flipped)
+    with pytest.raises(RuntimeError, match=r"\.w2(\.\w+)?: written in place after its weights were built \(1 write\(s\)"):
+        bind()
+
+
+@pytest.mark.parametrize("fmt", ["dense", "nvfp4", "fp8", "mxfp4"])
+def test_weights_built_anew_from_a_rewritten_buffer_bind(fmt: str, gen: torch.Generator) -> None:
+    """A correct program: weights built from a buffer, the buffer rewritten, new weights built from the same buffer.
+    The new ones bind and run exactly as weights built from a copy of the buffer (they were refused while the
+    first build's record was kept per tensor); the first ones stay refused."""
+    config, buffer, build = _layer_with_buffer(fmt, gen)
+    first = build(buffer)
+    buffer.view(torch.uint8).bitwise_xor_(0x80)
+    second = build(buffer)
+    x = torch.randn(5, config.hidden_size, generator=gen)
+    dispatch = StandardDispatchOutput(x, select_experts(torch.randn(5, config.num_experts, generator=gen), config))
+    torch.testing.assert_close(second()(dispatch), build(buffer.clone())()(dispatch), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="written in place after its weights were built"):
+        first()
+
+
+def test_a_failed_build_leaves_no_record(gen: torch.Generator) -> None:
+    """A build refused for its shapes, the buffer then filled properly and built: the weights bind (a failed build
+    kept its record while records were kept per tensor)."""
+    config, buffer, build = _layer_with_buffer("dense", gen)
+    with pytest.raises(ValueError, match="DenseMoeWeights"):
+        DenseMoeWeights(w13=torch.randn(E, 2 * I, H + 1, generator=gen), w2=buffer)
+    buffer.copy_(torch.randn(E, H, I, generator=gen) / 4)
     x = torch.randn(5, H, generator=gen)
     dispatch = StandardDispatchOutput(x, select_experts(torch.randn(5, E, generator=gen), config))
-    with pytest.raises(RuntimeError, match=r"w2.*: written in place after its weights were built \(1 write\(s\)"):
-        forward(dispatch)
+    assert bool(torch.isfinite(build(buffer)()(dispatch)).all())
 
 
 def test_mxfp4_exponents_shifted_by_their_bias_are_refused(gen: torch.Generator) -> None:

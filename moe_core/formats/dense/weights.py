@@ -51,12 +51,13 @@ class ExpertBiases:
     """``[E, H]``."""
 
     def __attrs_post_init__(self) -> None:
-        for name, tensor in (("ExpertBiases.w13", self.w13), ("ExpertBiases.w2", self.w2)):
+        for field, tensor in (("w13", self.w13), ("w2", self.w2)):
+            name = f"ExpertBiases.{field}"
             require_tensor(name, tensor)
             require_dtype(name, tensor, FLOAT_DTYPES)
             require_ndim(name, tensor, 2, "[num_experts, out_features]")
             require_finite(name, tensor)
-            record_built(tensor)
+            record_built(self, field, tensor)
 
 
 @final
@@ -76,11 +77,12 @@ class DenseMoeWeights(TensorExperts):
     """Added after each GEMM when present; the config's ``expert_biases`` must say so."""
 
     def __attrs_post_init__(self) -> None:
-        for name, tensor in (("DenseMoeWeights.w13", self.w13), ("DenseMoeWeights.w2", self.w2)):
+        for field, tensor in (("w13", self.w13), ("w2", self.w2)):
+            name = f"DenseMoeWeights.{field}"
             require_tensor(name, tensor)
             require_dtype(name, tensor, FLOAT_DTYPES)
             require_ndim(name, tensor, 3, "[num_experts, out_features, in_features]")
-            record_built(tensor)
+            record_built(self, field, tensor)
             require_finite(name, tensor)
         if self.w13.dtype != self.w2.dtype:
             raise TypeError(f"DenseMoeWeights.w2: expected dtype {self.w13.dtype} like w13, got {self.w2.dtype}")
