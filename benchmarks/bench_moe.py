@@ -89,6 +89,7 @@ from moe_core.backends.triton.quant_info import (  # noqa: E402
 )
 from moe_core.backends.triton.plans import Mxfp4W4A16Plan, Nvfp4W4A16Plan, W4A16Path  # noqa: E402
 from moe_core.backends.triton.runner import TritonRunner  # noqa: E402
+from moe_core.formats.fp8_block.weights import fp8_block_size_refusal  # noqa: E402
 from moe_core.formats.mxfp4 import Mxfp4MoeWeights  # noqa: E402
 from moe_core.mxfp4 import E8M0Scales, Mxfp4ExpertWeights  # noqa: E402
 from moe_core.nvfp4 import Nvfp4ExpertWeights, Nvfp4GateUpWeights  # noqa: E402
@@ -316,8 +317,12 @@ def runners_for(config: MoeRunnerConfig, w13: torch.Tensor, w2: torch.Tensor, ba
         channel = TritonFp8Weights.from_fp8_channel(fp8_channel_layer(w13, w2))
         runners["triton fp8 channel dynamic"] = (TRITON_FP8.bind(config, channel), 1.0, False, True)
     if "triton-fp8-block" in backends:
-        block = TritonFp8BlockWeights.from_fp8_block(fp8_block_layer(w13, w2))
-        runners["triton fp8 block"] = (TRITON_FP8_BLOCK.bind(config, block), 1.0 + 1 / 128**2 * 4, False, True)
+        refusal = fp8_block_size_refusal(config.hidden_size, config.intermediate_size_per_partition)
+        if refusal is None:
+            block = TritonFp8BlockWeights.from_fp8_block(fp8_block_layer(w13, w2))
+            runners["triton fp8 block"] = (TRITON_FP8_BLOCK.bind(config, block), 1.0 + 1 / 128**2 * 4, False, True)
+        else:
+            print(f"  triton-fp8-block skipped: {refusal}", flush=True)
     if "triton-nvfp4-w4a16" in backends or "triton-nvfp4-w4a16-paths" in backends:
         nvfp4 = TritonNvfp4W4A16Weights.from_nvfp4(quantized(w13, w2).without_activation_quantization())
         if "triton-nvfp4-w4a16" in backends:

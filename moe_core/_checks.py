@@ -69,24 +69,26 @@ def require_finite(name: str, tensor: torch.Tensor) -> None:
 
 
 FINITE_CHUNK = 1 << 26
-"""Elements the finite check reads at a time: bounds its transient mask (and the float32 copy of one-byte floats)."""
+"""Elements a value check reads at a time (:func:`value_chunks`): bounds its transient masks and copies."""
+
+
+def value_chunks(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensor`` as whole first-dim slices of at most :data:`FINITE_CHUNK` elements (one slice where a slice is
+    larger); a small tensor is one chunk (one kernel, not one per row).
+
+    A value check over a weight stack then never holds a copy of the whole
+    stack: DeepSeek-V3's bf16 w13 as float32 would take 30 GB, a count over
+    its FP8 codes in int64 56 GB.
+    """
+    if tensor.dim() == 0 or tensor.numel() <= FINITE_CHUNK:
+        return (tensor,)
+    return tuple(torch.split(tensor, max(1, FINITE_CHUNK // (tensor.numel() // tensor.shape[0]))))
 
 
 def _all_finite(tensor: torch.Tensor) -> bool:
-    """Whether every value is finite, in chunks of whole first-dim slices of at most :data:`FINITE_CHUNK` elements
-    (one slice where a slice is larger), with one read back.
-
-    A weight stack's check then never holds a float32 copy of the whole stack
-    (DeepSeek-V3's bf16 w13 would take 30 GB), and a small tensor is one chunk
-    (one kernel, not one per row); one-byte floats, which ``isfinite`` does
-    not take, are upcast a chunk at a time.
-    """
-    if tensor.dim() == 0 or tensor.numel() <= FINITE_CHUNK:
-        chunks: tuple[torch.Tensor, ...] = (tensor,)
-    else:
-        chunks = tuple(torch.split(tensor, max(1, FINITE_CHUNK // (tensor.numel() // tensor.shape[0]))))
-    flags = [_finite(c) for c in chunks]
-    return bool(torch.stack(flags).all())
+    """Whether every value is finite, a chunk at a time (:func:`value_chunks`), with one read back; one-byte floats,
+    which ``isfinite`` does not take, are upcast a chunk at a time."""
+    return bool(torch.stack([_finite(c) for c in value_chunks(tensor)]).all())
 
 
 def _finite(chunk: torch.Tensor) -> torch.Tensor:

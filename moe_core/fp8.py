@@ -27,6 +27,7 @@ from moe_core._checks import (
     require_positive,
     require_same_device,
     require_tensor,
+    value_chunks,
     values_readable,
 )
 from moe_core.global_scales import (
@@ -329,8 +330,13 @@ def _refuse_misscaled_codes(name: str, codes: torch.Tensor) -> None:
     """
     if not values_readable(codes) or not codes.numel():
         return
-    magnitudes = (codes.view(torch.uint8) & 0x7F).flatten(1)
-    top = magnitudes.amax(dim=1)
+    per_expert = codes[0].numel()
+    top_parts, saturated_parts = [], []
+    for chunk in value_chunks(codes.view(torch.uint8)):
+        magnitudes = (chunk & 0x7F).flatten(1)
+        top_parts.append(magnitudes.amax(dim=1))
+        saturated_parts.append((magnitudes == _E4M3_MAX_BITS).sum(dim=1, dtype=torch.int32))
+    top, saturated = torch.cat(top_parts), torch.cat(saturated_parts)
     low = ((top > 0) & (top < _E4M3_EIGHT_BITS)).nonzero()
     if low.numel():
         expert = int(low[0, 0])
@@ -341,10 +347,8 @@ def _refuse_misscaled_codes(name: str, codes: torch.Tensor) -> None:
             "below): codes cast without "
             "dividing by their scale? quantize with quantize_fp8(w, scale), or the weights class's quantize()"
         )
-    per_expert = magnitudes.shape[1]
     if per_expert < SATURATION_EVIDENCE:
         return
-    saturated = (magnitudes == _E4M3_MAX_BITS).sum(dim=1)
     over = (2 * saturated > per_expert).nonzero()
     if over.numel():
         expert = int(over[0, 0])

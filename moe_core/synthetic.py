@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 
@@ -43,11 +44,27 @@ def random_dense_layer(
     return DenseMoeWeights(w13=w13.to(device), w2=w2.to(device)), dispatch
 
 
-def _input_amax(config: MoeRunnerConfig, dispatch: StandardDispatchOutput, w13: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The amax of this batch's two GEMM inputs over all local experts, for ``w13 [E, 2I, H]`` as the layer runs it."""
+class _QuantizedGateUp(Protocol):
+    """A quantized ``w13 [E, 2I, H]`` that dequantizes one expert at a time."""
+
+    def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Expert ``expert``'s ``[2I, H]``."""
+        ...
+
+
+def _activation_amax(config: MoeRunnerConfig, x: torch.Tensor, w13: _QuantizedGateUp, expert: int) -> torch.Tensor:
+    """The amax of the gated activation of ``x`` (float32) through local expert ``expert`` as the layer runs it."""
+    return config.activation.apply(x @ w13.dequantize_expert(expert).T).abs().amax()
+
+
+def _input_amax(
+    config: MoeRunnerConfig, dispatch: StandardDispatchOutput, w13: _QuantizedGateUp
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The amax of this batch's two GEMM inputs over all local experts, for ``w13`` as the layer runs it (an expert
+    at a time: DeepSeek-V3's whole w13 in float32 is 30 GB)."""
     x = dispatch.hidden_states.float()
-    gate_up = torch.einsum("th,eih->eti", x, w13)
-    return x.abs().amax(), config.activation.apply(gate_up).abs().amax()
+    activation = torch.stack([_activation_amax(config, x, w13, e) for e in range(config.num_local_experts)]).amax()
+    return x.abs().amax(), activation
 
 
 def quantize_nvfp4_layer(
@@ -60,7 +77,7 @@ def quantize_nvfp4_layer(
     half's) own amax.
     """
     w13 = Nvfp4GateUpWeights.quantize(dense.w13)
-    hidden_amax, activation_amax = _input_amax(config, dispatch, w13.dequantize())
+    hidden_amax, activation_amax = _input_amax(config, dispatch, w13)
     return Nvfp4MoeWeights(
         w13=w13,
         w2=Nvfp4ExpertWeights.quantize(dense.w2),
@@ -70,7 +87,7 @@ def quantize_nvfp4_layer(
 
 
 def _expert_input_amax(
-    config: MoeRunnerConfig, dispatch: StandardDispatchOutput, w13: torch.Tensor
+    config: MoeRunnerConfig, dispatch: StandardDispatchOutput, w13: _QuantizedGateUp
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per expert of the layer (``[num_experts]``), the amax of this batch's two GEMM inputs over the tokens routed to
     it: the hidden states' for every expert, the gated activation's for the local ones (``w13`` is theirs). An
@@ -89,7 +106,7 @@ def _expert_input_amax(
         hidden[expert] = routed.abs().amax()
         local = expert - config.local_expert_offset
         if 0 <= local < config.num_local_experts:
-            activation[expert] = config.activation.apply(routed @ w13[local].T).abs().amax()
+            activation[expert] = _activation_amax(config, routed, w13, local)
     return hidden.to(x.device), activation.to(x.device)
 
 
@@ -100,7 +117,7 @@ def quantize_nvfp4_per_expert_layer(
     layer, each calibrated on the tokens ``dispatch`` routes to it (see :func:`_expert_input_amax`); the weights
     derive the layer-wide scalars."""
     w13 = Nvfp4GateUpWeights.quantize(dense.w13)
-    hidden_amax, activation_amax = _expert_input_amax(config, dispatch, w13.dequantize())
+    hidden_amax, activation_amax = _expert_input_amax(config, dispatch, w13)
     return Nvfp4PerExpertMoeWeights(
         w13=w13,
         w2=Nvfp4ExpertWeights.quantize(dense.w2),
@@ -113,7 +130,7 @@ def quantize_nvfp4_per_expert_layer(
 def quantize_fp8_layer(config: MoeRunnerConfig, dense: DenseMoeWeights, dispatch: StandardDispatchOutput) -> Fp8MoeWeights:
     """``dense`` quantized to FP8 per tensor (each expert and half its own scale), input scales calibrated on ``dispatch``."""
     w13 = Fp8GateUpWeights.quantize(dense.w13)
-    hidden_amax, activation_amax = _input_amax(config, dispatch, w13.dequantize())
+    hidden_amax, activation_amax = _input_amax(config, dispatch, w13)
     return Fp8MoeWeights(
         w13=w13,
         w2=Fp8ExpertWeights.quantize(dense.w2),

@@ -18,6 +18,7 @@ import attrs
 import pytest
 import torch
 
+import moe_core._checks
 from moe_core import (
     Activation,
     DenseMoeWeights,
@@ -415,6 +416,26 @@ def test_fp8_codes_cast_without_their_scale_or_with_a_scale_far_too_small_are_re
     zero_expert = right.codes.clone()
     zero_expert[1] = 0  # an expert pruned to zeros is no evidence of anything
     weights_class(zero_expert, right.scales)  # type: ignore[arg-type]  # mypy joins the classes
+
+
+@pytest.mark.parametrize("chunk", [1 << 26, 2 * 32768, 32768], ids=["one-chunk", "two-experts-a-chunk", "one-expert-a-chunk"])
+def test_fp8_code_checks_read_the_stack_a_chunk_at_a_time(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """The misscaled-codes check counted saturated codes over the whole stack at once, in int64: 56 GB for
+    DeepSeek-V3's w13 (out of memory on an 80 GB H100 while building the weights). It now reads a chunk of experts at
+    a time, and finds an expert in any chunk."""
+    monkeypatch.setattr(moe_core._checks, "FINITE_CHUNK", chunk)
+    w = torch.randn(3, 128, 256, generator=gen) / 16
+    right = Fp8ExpertWeights.quantize(w)
+    Fp8ExpertWeights(right.codes.clone(), right.scales)
+    cast, saturated = right.codes.clone(), right.codes.clone()
+    cast[2] = w[2].to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="expert 2's largest code is .* codes cast without dividing"):
+        Fp8ExpertWeights(cast, right.scales)
+    saturated[2] = (w[2] / (float(right.scales.value[2]) / 448)).clamp(-448, 448).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"of expert 2's 32768 codes are at \+-448"):
+        Fp8ExpertWeights(saturated, right.scales)
 
 
 def test_a_sparsemixer_layer_holds_a_top_k_from_its_logits_to_its_own_routing(gen: torch.Generator) -> None:
