@@ -16,12 +16,14 @@ import torch.nn.functional as F
 
 from moe_core._checks import (
     FLOAT_DTYPES,
+    record_built,
     require_dtype,
     require_finite,
     require_ndim,
     require_same_device,
     require_shape,
     require_tensor,
+    require_unwritten_since_built,
 )
 from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.config import ACTIVATION_TYPES, ExpertActivation, MoeRunnerConfig, config_differences
@@ -70,6 +72,7 @@ class SharedExpert:
         for name, tensor in tensors:
             require_dtype(f"SharedExpert.{name}", tensor, (self.w13.dtype,) if name != "w13" else FLOAT_DTYPES)
             require_finite(f"SharedExpert.{name}", tensor)
+            record_built(self, name, tensor)
         require_same_device(tensors)
 
     @classmethod
@@ -98,7 +101,9 @@ class SharedExpert:
         return cls(w13=torch.cat((gate, up)), w2=down, activation=activation, gate=output_gate)
 
     def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """``[T, H]`` output of ``hidden_states [T, H]`` (of the weights' dtype)."""
+        """``[T, H]`` output of ``hidden_states [T, H]`` (of the weights' dtype); ``RuntimeError`` if one of its tensors
+        was written in place since it was built."""
+        require_unwritten_since_built("SharedExpert", self)
         if hidden_states.dtype != self.w13.dtype:
             raise TypeError(
                 f"SharedExpert: hidden_states are {hidden_states.dtype}, its weights {self.w13.dtype}: build it in the "

@@ -20,12 +20,14 @@ import torch.nn.functional as F
 
 from moe_core._checks import (
     FLOAT_DTYPES,
+    record_built,
     require_dtype,
     require_finite,
     require_ndim,
     require_same_device,
     require_shape,
     require_tensor,
+    require_unwritten_since_built,
 )
 from moe_core.config import (
     GroupedTopK,
@@ -79,6 +81,7 @@ class Router:
                 tensors.append((name, tensor))
         for name, tensor in tensors:
             require_finite(f"Router.{name}", tensor)
+            record_built(self, name, tensor)
         require_same_device(tensors)
 
     @property
@@ -87,7 +90,9 @@ class Router:
         return int(self.weight.shape[0])
 
     def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """``[T, num_experts]`` logits of ``hidden_states [T, hidden_size]``."""
+        """``[T, num_experts]`` logits of ``hidden_states [T, hidden_size]``; ``RuntimeError`` if one of the router's
+        tensors was written in place since it was built (a loader's buffer refilled with the next layer's router)."""
+        require_unwritten_since_built("Router", self)
         require_tensor("hidden_states", hidden_states)
         require_ndim("hidden_states", hidden_states, 2, "[num_tokens, hidden_size]")
         if hidden_states.shape[1] != self.weight.shape[1]:

@@ -469,6 +469,30 @@ def test_a_floored_renormalizing_routing_runs_its_own_top_k() -> None:
     assert out.shape == x.shape and bool(torch.isfinite(out).all())
 
 
+def test_a_router_or_shared_expert_built_from_a_refilled_buffer_refuses_to_run(gen: torch.Generator) -> None:
+    """A loader that builds each layer's router (or shared expert) from one staging buffer, no copy, then fills it
+    with the next layer's: layer 0 routed every token with layer 1's router (1.41 off) or added layer 1's shared
+    expert (1.02 off), silently (adversarial pass 4, c01 and c02). Router and SharedExpert record their tensors'
+    write counts where they are built, and refuse to compute after a write."""
+    config = MoeRunnerConfig(num_experts=E, hidden_size=H, intermediate_size_per_partition=I, top_k=2)
+    weights = DenseMoeWeights(w13=torch.randn(E, 2 * I, H, generator=gen) / 6, w2=torch.randn(E, H, I, generator=gen) / 4)
+    router_buffer, shared_buffer = torch.randn(E, H, generator=gen), torch.randn(2 * 24, H, generator=gen) / 6
+    router = Router(weight=router_buffer)
+    shared = SharedExpert(w13=shared_buffer, w2=torch.randn(H, 24, generator=gen) / 5, activation=config.activation)
+    layer = dense_layer(config, router, weights, dtype=torch.float32, shared_expert=shared)
+    x = torch.randn(6, H, generator=gen)
+    layer(x)
+    shared_buffer.copy_(torch.randn(2 * 24, H, generator=gen))  # the next layer's shared expert
+    with pytest.raises(RuntimeError, match=r"SharedExpert\.w13: written in place after its weights were built"):
+        layer(x)
+    fresh = SharedExpert(w13=shared_buffer, w2=shared.w2, activation=config.activation)  # built anew: runs
+    layer = dense_layer(config, router, weights, dtype=torch.float32, shared_expert=fresh)
+    layer(x)
+    router_buffer.mul_(-1)
+    with pytest.raises(RuntimeError, match=r"Router\.weight: written in place after its weights were built"):
+        layer(x)
+
+
 def test_weights_written_in_place_after_binding_refuse_to_run(gen: torch.Generator) -> None:
     """A staging buffer reused for the next layer's weights after binding (``buf.copy_(layer1)``) ran 1.32 off, and
     packed NVFP4 codes written the same way 1.45 off: every tensor a bound forward holds is now held to its write
