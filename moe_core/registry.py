@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+import weakref
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Generic, Protocol, TypeVar, final, overload
@@ -70,6 +71,8 @@ class BoundRunner(Generic[Q]):
     quant_info: Q
     _writes: tuple[tuple[str, torch.Tensor, int], ...] = attrs.field(init=False, repr=False)
     """Each tensor the quant info holds, by field path, with its write count at binding."""
+    _last_output: list[weakref.ref[torch.Tensor]] = attrs.field(init=False, repr=False, factory=list)
+    """The previous call's output while the caller holds it: a runner must not hand back its storage again."""
 
     def __attrs_post_init__(self) -> None:
         held = _held(type(self.quant_info).__name__, self.quant_info)
@@ -113,7 +116,21 @@ class BoundRunner(Generic[Q]):
                     f"{type(self.runner).__name__}.run returned {got}, not the hidden states' "
                     f"{tuple(hidden.shape)} {hidden.dtype} on {hidden.device} (the Runner contract)"
                 )
+        if isinstance(out, torch.Tensor):
+            self._require_fresh_output(out)
         return out
+
+    def _require_fresh_output(self, out: torch.Tensor) -> None:
+        """Refuse an output in the storage of the previous one while the caller still holds that (a runner's reused
+        workspace: the earlier result would change under its holder, e.g. a pipelined engine's other micro-batch)."""
+        previous = self._last_output[0]() if self._last_output else None
+        storage = out.untyped_storage().data_ptr()
+        if previous is not None and storage != 0 and storage == previous.untyped_storage().data_ptr():
+            raise RuntimeError(
+                f"{type(self.runner).__name__}.run returned the storage of its previous output, which the caller still "
+                "holds: that result is overwritten (a reused output workspace); a runner returns a new tensor per call"
+            )
+        self._last_output[:] = [weakref.ref(out)]
 
 
 def _dispatch_tensors(dispatch: DispatchOutput) -> list[tuple[str, torch.Tensor]]:

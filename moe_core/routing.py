@@ -79,6 +79,11 @@ class Router:
                 require_dtype(f"Router.{name}", tensor, FLOAT_DTYPES)
                 require_shape(f"Router.{name}", tensor, (self.num_experts,), "[num_experts] like weight")
                 tensors.append((name, tensor))
+        if self.bias is not None and self.bias.dtype != self.weight.dtype:
+            raise TypeError(
+                f"Router.bias: expected dtype {self.weight.dtype} like weight (the logits are computed in the weight's "
+                f"dtype), got {self.bias.dtype}"
+            )
         for name, tensor in tensors:
             require_finite(f"Router.{name}", tensor)
             record_built(self, name, tensor)

@@ -64,7 +64,8 @@ class Runner(Protocol[QuantInfoT_contra]):
         ...
 
     def run(self, dispatch: DispatchOutput, quant_info: QuantInfoT_contra, /) -> torch.Tensor:
-        """The ``[T, H]`` output, in the dtype of ``dispatch.hidden_states``."""
+        """The ``[T, H]`` output, in the dtype of ``dispatch.hidden_states``: a tensor of its own, never one whose
+        storage an earlier output the caller holds shares, and without writing the dispatch's tensors."""
         ...
 
 

@@ -681,6 +681,46 @@ def test_a_runner_that_writes_its_inputs_in_place_is_named(gen: torch.Generator)
     REFERENCE_DENSE.bind(config, _weights(gen))(StandardDispatchOutput(kept, dispatch.topk))  # ours write nothing
 
 
+@attrs.frozen(eq=False)
+class _WorkspaceRunner:
+    """A plugin's runner that keeps one output workspace and returns a view of it from every run (no allocation per
+    call)."""
+
+    config: MoeRunnerConfig
+    workspace: torch.Tensor
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        rows = dispatch.hidden_states.shape[0]
+        return self.workspace[:rows].copy_(REFERENCE_DENSE.factory(self.config).run(dispatch, quant_info))
+
+
+def test_a_runner_that_returns_its_previous_output_storage_is_named(gen: torch.Generator) -> None:
+    """An engine holding micro-batch 0's output while micro-batch 1 runs found it overwritten by micro-batch 1's
+    (1.35 off, silently: adversarial pass 4, c03). A bound forward refuses an output in the storage of the previous
+    one while the caller still holds that; once the caller lets it go, the storage may come back (a runner that
+    returns the very tensor it keeps is refused from its second call on)."""
+    config = _config()
+    weights = _weights(gen)
+    batches = [StandardDispatchOutput(x, select_experts(torch.randn(6, E, generator=gen), config))
+               for x in torch.randn(2, 6, H, generator=gen)]
+    forward = BoundRunner(_WorkspaceRunner(config, torch.empty(8, H)), weights)
+    first = forward(batches[0])
+    with pytest.raises(RuntimeError, match=r"_WorkspaceRunner\.run returned the storage of its previous output"):
+        forward(batches[1])
+    del first
+    forward(batches[1])
+    ours = REFERENCE_DENSE.bind(config, weights)
+    kept = [ours(batch) for batch in batches]  # ours allocate per call: both held, both right
+    torch.testing.assert_close(kept[0], ours(batches[0]), rtol=0, atol=0)
+
+
+def test_a_router_bias_of_another_dtype_than_its_weight_is_named(gen: torch.Generator) -> None:
+    """A router weight upcast to float32 with its bias left bf16 failed inside the logits' matmul with a raw
+    dtype error (adversarial pass 4, c15)."""
+    with pytest.raises(TypeError, match=r"Router\.bias: expected dtype torch\.float32 like weight"):
+        Router(weight=torch.randn(E, H, generator=gen), bias=torch.randn(E, generator=gen).to(torch.bfloat16))
+
+
 def test_ids_that_are_not_a_top_k_of_their_logits_are_refused(gen: torch.Generator) -> None:
     """A hand-built top-k of the lowest logits (``argsort()[:, :k]``), its weights computed right for those ids and
     said to come from the logits, passed the weights' check and ran 1.40 off (adversarial pass 3, c40)."""
