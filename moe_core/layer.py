@@ -8,7 +8,8 @@ shared expert, with nothing re-inferred.
 
 from __future__ import annotations
 
-from typing import final
+from collections.abc import Callable
+from typing import TypeVar, final
 
 import attrs
 import torch
@@ -31,6 +32,16 @@ from moe_core.dispatch import StandardDispatchOutput, TopKOutput
 from moe_core.formats.dense import DENSE, DenseMoeWeights
 from moe_core.registry import BoundRunner, MoeForward, choose
 from moe_core.routing import Router, check_router, route, routing_summary
+
+
+Fn = TypeVar("Fn", bound=Callable[..., object])
+
+
+def run_eagerly(function: Fn) -> Fn:
+    """``function`` run eagerly under ``torch.compile``: the compiled graph breaks around it (dynamo cannot trace
+    moe-core's attrs-validated values, and the layer launches its own kernels)."""
+    disabled: Fn = torch.compiler.disable(function)  # type: ignore[no-untyped-call]  # torch leaves disable untyped
+    return disabled
 
 
 @final
@@ -175,8 +186,10 @@ class MoeLayer:
         """What routes the layer's tokens: the fused Triton kernel (on CUDA), or ``select_experts`` and why."""
         return routing_summary(self.config, self.router.weight.device, fused=self.fused_routing)
 
+    @run_eagerly
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, TopKOutput]:
-        """The output and the routing that produced it (for blocks that also return weights or logits)."""
+        """The output and the routing that produced it (for blocks that also return weights or logits); run eagerly
+        under ``torch.compile`` (a graph break)."""
         topk = route(hidden_states, self.router, self.config, fused=self.fused_routing)
         # the layer's own routing: its values were checked as the top-k was built (or are the fused kernel's, by
         # construction), and its weights are the method's; the runner need not read them back again

@@ -37,10 +37,13 @@ import torch
 
 from moe_core._checks import require_unwritten_since_built, write_count
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
-from moe_core.config import MoeRunnerConfig
+from moe_core.config import MoeRunnerConfig, config_differences
 from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
 from moe_core.dispatch import DispatchOutput, StandardDispatchOutput
 from moe_core.runner import LayerChecked, QuantInfo, Runner, check_run_values
+
+HIDDEN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+"""The hidden-states dtypes a route asks its backend about when it binds (bf16, :class:`LayerSpec`'s default, first)."""
 
 ENTRY_POINT_GROUP = "moe_core.backends"
 """Entry-point group whose modules register backends when imported."""
@@ -69,6 +72,10 @@ class BoundRunner(Generic[Q]):
 
     runner: Runner[Q]
     quant_info: Q
+    judge: Callable[[torch.dtype], Support] | None = attrs.field(default=None, kw_only=True)
+    """The backend's answer for this layer with hidden states of a dtype (a route binds it); None where the binder
+    asked nothing of the backend (a key's bind)."""
+    _judged: dict[torch.dtype, Support] = attrs.field(init=False, repr=False, factory=dict)
     _writes: tuple[tuple[str, torch.Tensor, int], ...] = attrs.field(init=False, repr=False)
     """Each tensor the quant info holds, by field path, with its write count at binding."""
     _last_output: list[weakref.ref[torch.Tensor]] = attrs.field(init=False, repr=False, factory=list)
@@ -94,6 +101,8 @@ class BoundRunner(Generic[Q]):
                     "buffer reused for the next layer's weights): bound weights are immutable; bind new ones (a scheme "
                     "reloads through its loader)"
                 )
+        if self.judge is not None:
+            self._require_supported(self.judge, dispatch.hidden_states.dtype)
         if dispatch.topk.check_values:
             check_run_values(self.runner.config, dispatch)
         inputs = _dispatch_tensors(dispatch)
@@ -119,6 +128,17 @@ class BoundRunner(Generic[Q]):
         if isinstance(out, torch.Tensor):
             self._require_fresh_output(out)
         return out
+
+    def _require_supported(self, judge: Callable[[torch.dtype], Support], dtype: torch.dtype) -> None:
+        """Refuse hidden states of a dtype the backend does not take for this layer (``judge`` asked once per dtype)."""
+        verdict = self._judged.get(dtype)
+        if verdict is None:
+            verdict = self._judged[dtype] = judge(dtype)
+        if not verdict.ok:
+            raise BackendSelectionError(
+                f"{type(self.runner).__name__}: its backend does not run this layer's {dtype} hidden states: "
+                f"{verdict.describe()} (was it chosen for another dtype? LayerSpec takes the hidden states' dtype)"
+            )
 
     def _require_fresh_output(self, out: torch.Tensor) -> None:
         """Refuse an output in the storage of the previous one while the caller still holds that (a runner's reused
@@ -316,17 +336,27 @@ class Route(Generic[W, Q]):
         """A runner for ``config`` bound to ``weights`` converted once.
 
         Raises :class:`BackendSelectionError` where the backend refuses this
-        layer on the weights' device: a route chosen for one config is never
-        run on another that its backend does not compute.
+        layer on the weights' device in every hidden-states dtype: a route
+        chosen for one config is never run on another that its backend does
+        not compute. The bound forward asks again for the dtype of the hidden
+        states it is given (once per dtype), and refuses one the backend does
+        not take: a route chosen for bf16 never runs float32 silently in bf16.
         """
-        support = self.supports(DeviceSpec.of(self.source.narrow(weights).device), LayerSpec(config, self.source))
-        if not support.ok:
-            raise BackendSelectionError(f"backend {self.name!r} cannot run this {self.source.name} layer: {support.describe()}")
+        device = DeviceSpec.of(self.source.narrow(weights).device)
+
+        def judge(dtype: torch.dtype) -> Support:
+            return self.supports(device, LayerSpec(config, self.source, dtype))
+
+        verdicts = [judge(dtype) for dtype in HIDDEN_DTYPES]
+        if not any(verdict.ok for verdict in verdicts):
+            raise BackendSelectionError(
+                f"backend {self.name!r} cannot run this {self.source.name} layer: {verdicts[0].describe()}"
+            )
         checked: object = weights  # a format's weights may check more of the layer than their shapes say
         if isinstance(checked, LayerChecked):
             checked.check_layer(config)
         refuse_writes_since_built(_held(type(weights).__name__, weights))  # before a conversion copies them
-        return self._key.bind(config, self._quant_info(weights))
+        return BoundRunner(create_runner(self._key, config), self._quant_info(weights), judge=judge)
 
 
 @final
@@ -545,7 +575,16 @@ def create_runner(key: BackendKey[Q], config: MoeRunnerConfig) -> Runner[Q]:
         raise ValueError(f"key: backend {key.name!r} is not registered (through register_backend, by a module that loaded)")
     if not isinstance(config, MoeRunnerConfig):
         raise TypeError(f"config: expected a MoeRunnerConfig, got {type(config).__name__}")
-    return key.factory(config)
+    runner = key.factory(config)
+    made: object = getattr(runner, "config", None)
+    differ = config_differences(config, made, f"{key.name!r} runner's") if isinstance(made, MoeRunnerConfig) else []
+    if not isinstance(made, MoeRunnerConfig) or differ:
+        said = "; ".join(differ) if differ else f"its config is {made!r}"
+        raise RuntimeError(
+            f"backend {key.name!r}: its factory returned a runner for another layer than asked ({said}): a runner "
+            "computes the config it is made for (a cache keyed by shapes alone hands out another layer's)"
+        )
+    return runner
 
 
 def _load(module: str, label: str) -> None:

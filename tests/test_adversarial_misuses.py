@@ -760,3 +760,25 @@ def test_a_shared_expert_from_its_projections_keeps_gate_before_up(gen: torch.Ge
         SharedExpert.from_projections(gate=gate, up=up[:8], down=down, activation=Activation.SILU_GATED)
     with pytest.raises(ValueError, match="relu2 is not gated"):
         SharedExpert.from_projections(gate=gate, up=up, down=down, activation=Activation.RELU2)
+
+
+def test_a_layer_inside_a_compiled_module_runs_eagerly(gen: torch.Generator) -> None:
+    """A correct program refused: ``torch.compile`` of a module holding a ``MoeLayer`` built directly failed while
+    tracing, with a raw dynamo ``AssertionError`` inside ``TopKOutput``'s constructor (adversarial pass 4, c50; the
+    transformers integration's blocks already ran eagerly). The layer's forward is now a graph break."""
+    config = _config()
+    layer = dense_layer(config, Router(weight=torch.randn(E, H, generator=gen)), _weights(gen), dtype=torch.float32)
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(H)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + layer(self.norm(x))
+
+    block = Block()
+    compiled = torch.compile(block, backend="eager")
+    x = torch.randn(6, H, generator=gen)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), block(x), rtol=0, atol=0)

@@ -379,3 +379,49 @@ def test_a_runner_returning_another_dtype_than_the_contract_is_named(gen: torch.
     with pytest.raises(RuntimeError, match=r"Float32Output.run returned \(6, 32\) torch.float32 on cpu, not the hidden "
                        r"states' \(6, 32\) torch.bfloat16 on cpu \(the Runner contract\)"):
         BoundRunner(Float32Output(CONFIG), weights)(dispatch)
+
+
+def _fp16_only(device: DeviceSpec, layer: LayerSpec) -> Support:
+    return Support.yes() if layer.dtype == torch.float16 else Support.no(f"fp16 hidden states only, not {layer.dtype}")
+
+
+@pytest.mark.usefixtures("isolated_registry")
+def test_a_route_binds_for_the_dtype_it_runs_and_refuses_another(gen: torch.Generator) -> None:
+    """A backend that takes fp16 hidden states only, chosen for an fp16 layer, was refused at bind (which asked for
+    bf16, ``LayerSpec``'s default), and ``dense_layer(dtype=float16)`` with it: a correct program refused
+    (adversarial pass 4, c06). One chosen with the default bf16 spec ran float32 hidden states (c05: 6e-3 off where
+    float32 gives 3e-7). A route now binds where its backend takes the layer in some dtype, and its forward asks for
+    the hidden states' dtype."""
+    fp16 = register_backend(
+        "test-fp16-only", description="", factory=REFERENCE_DENSE.factory, supports=_fp16_only,
+        conversions=REFERENCE_DENSE.conversions, priority=Priority(Tier.KERNEL),
+    )
+    seed = int(torch.randint(2**31, (1,), generator=gen))
+    weights, dispatch = random_dense_layer(CONFIG, 5, torch.float16, torch.device("cpu"), seed)
+    halves = DenseMoeWeights(w13=weights.w13.half(), w2=weights.w2.half())
+    chosen = choose(DENSE, torch.device("cpu"), LayerSpec(CONFIG, DENSE, torch.float16)).chosen
+    assert chosen.name == "test-fp16-only"
+    forward = chosen.bind(CONFIG, halves)
+    torch.testing.assert_close(forward(dispatch), REFERENCE_DENSE.bind(CONFIG, halves)(dispatch), rtol=0, atol=0)
+    wide = StandardDispatchOutput(dispatch.hidden_states.float(), dispatch.topk)
+    with pytest.raises(BackendSelectionError, match=r"does not run this layer's torch.float32 hidden states: fp16 hidden states only"):
+        fp16.route(DENSE).bind(CONFIG, weights)(wide)
+
+
+@pytest.mark.usefixtures("isolated_registry")
+def test_a_factory_that_returns_a_runner_for_another_layer_is_named() -> None:
+    """A plugin's factory that caches runners by shape handed layer 1 (routed_scaling_factor 2.5) layer 0's runner
+    (1.0), which ran 0.60 off, silently (adversarial pass 4, c28)."""
+    made: dict[tuple[int, int, int, int], object] = {}
+
+    def cached(config: MoeRunnerConfig) -> object:
+        key = (config.num_experts, config.hidden_size, config.intermediate_size_per_partition, config.top_k)
+        return made.setdefault(key, REFERENCE_DENSE.factory(config))
+
+    key = register_backend(
+        "test-cached", description="", factory=cached, supports=lambda device, layer: Support.yes(),  # type: ignore[arg-type]  # an untyped plugin's factory
+        conversions=REFERENCE_DENSE.conversions, priority=Priority(Tier.KERNEL),
+    )
+    create_runner(key, CONFIG)
+    with pytest.raises(RuntimeError, match=r"factory returned a runner for another layer than asked \(routed_scaling_factor 2.5"):
+        create_runner(key, attrs.evolve(CONFIG, routed_scaling_factor=2.5))

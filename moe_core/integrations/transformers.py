@@ -49,7 +49,7 @@ from moe_core.config import (
     SparseMixer,
 )
 from moe_core.formats.dense import DenseMoeWeights, ExpertBiases, GateUpLayout
-from moe_core.layer import MoeLayer, SharedExpert, dense_layer
+from moe_core.layer import MoeLayer, SharedExpert, dense_layer, run_eagerly
 from moe_core.routing import Router
 
 T = TypeVar("T")
@@ -68,16 +68,6 @@ class BlockReturn(enum.Enum):
     """``(output, top-k weights / k [T, K])`` (OpenAI privacy filter, whose block multiplies its output by k)."""
 
 
-F = TypeVar("F", bound=Callable[..., object])
-
-
-def _eager(function: F) -> F:
-    """``function`` run eagerly under ``torch.compile``: the compiled graph breaks around it (dynamo cannot trace
-    moe-core's attrs-validated values, and the layer launches its own kernels)."""
-    disabled: F = torch.compiler.disable(function)  # type: ignore[no-untyped-call]  # torch leaves disable untyped
-    return disabled
-
-
 class MoeCoreBlock(nn.Module):
     """A moe-core layer where a transformers sparse MoE block stood: ``[..., H]`` in, ``[..., H]`` out."""
 
@@ -94,7 +84,7 @@ class MoeCoreBlock(nn.Module):
         self.post_norm = post_norm
         """The block's own norm of its output, kept as transformers' module (A.X-K1's ``post_mlp_layernorm``)."""
 
-    @_eager
+    @run_eagerly
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The layer's output, shaped like ``hidden_states``, with what the family's block returned beside it.
 
