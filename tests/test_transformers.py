@@ -528,6 +528,19 @@ def test_whole_model_logits_and_greedy_tokens(family: str, gen: torch.Generator)
     assert torch.equal(got_tokens, want_tokens)
 
 
+def test_router_logits_asked_per_call_of_a_swapped_model_are_refused(gen: torch.Generator) -> None:
+    """``model(ids, output_router_logits=True)`` after the swap (the config's flag is refused at the swap) failed
+    inside transformers' load-balancing loss with a raw ``IndexError`` (adversarial pass 4, c10)."""
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    model = transformers.MixtralForCausalLM(CONFIGS["mixtral"](num_hidden_layers=1)).eval()
+    swap_moe_blocks(model)
+    ids = torch.randint(0, 64, (1, 4), generator=gen)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"MixtralForCausalLM\(output_router_logits=True\): its MoE blocks were swapped"):
+            model(ids, output_router_logits=True)
+        assert bool(torch.isfinite(model(ids, output_router_logits=False).logits).all())
+
+
 def test_training_mode_is_refused(gen: torch.Generator) -> None:
     holder = _Holder(_block("mixtral", gen), CONFIGS["mixtral"]())
     swap_moe_blocks(holder)

@@ -927,4 +927,18 @@ def swap_moe_blocks(
     for path, replacement in built:
         parent_path, _, name = path.rpartition(".")
         setattr(model.get_submodule(parent_path), name, replacement)
+    model.register_forward_pre_hook(_refuse_router_logits, with_kwargs=True)
     return tuple(SwappedBlock(path, block.family, block.layer.backend) for path, block in built)
+
+
+def _refuse_router_logits(
+    model: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+) -> tuple[tuple[object, ...], dict[str, object]] | None:
+    """A swapped model's forward hook: ``output_router_logits=True`` asked per call, as the config's flag is refused
+    at the swap (transformers failed inside its load-balancing loss with a raw ``IndexError``)."""
+    if kwargs.get("output_router_logits") is True:
+        raise ValueError(
+            f"{type(model).__name__}(output_router_logits=True): its MoE blocks were swapped for moe-core layers, which "
+            "record no router logits for transformers' load-balancing loss; call it without output_router_logits"
+        )
+    return None
