@@ -153,6 +153,13 @@ class BoundRunner(Generic[Q]):
         self._last_output[:] = [weakref.ref(out)]
 
 
+def _require_some_dtype(name: str, what: str, judge: Callable[[torch.dtype], Support]) -> None:
+    """Raise :class:`BackendSelectionError` with bf16's reasons where ``judge`` refuses every hidden-states dtype."""
+    verdicts = [judge(dtype) for dtype in HIDDEN_DTYPES]
+    if not any(verdict.ok for verdict in verdicts):
+        raise BackendSelectionError(f"backend {name!r} cannot run this {what}layer: {verdicts[0].describe()}")
+
+
 def _dispatch_tensors(dispatch: DispatchOutput) -> list[tuple[str, torch.Tensor]]:
     """The caller's tensors a runner reads and must leave as they are: the hidden states and the top-k's ids and
     weights."""
@@ -240,8 +247,23 @@ class BackendKey(Generic[Q]):
         raise ValueError(f"backend {self.name!r} converts from no {source.name} weights (it takes: {taken})")
 
     def bind(self, config: MoeRunnerConfig, quant_info: Q) -> BoundRunner[Q]:
-        """A runner for ``config`` bound to ``quant_info``."""
-        return BoundRunner(create_runner(self, config), quant_info)
+        """A runner for ``config`` bound to ``quant_info``.
+
+        Raises :class:`BackendSelectionError` where the backend's own answer
+        refuses this layer on the quant info's device in every hidden-states
+        dtype, under each format it converts from (a key bound directly skips
+        selection, not the backend's refusals); the forward asks for the dtype
+        of the hidden states it is given.
+        """
+        device = DeviceSpec.of(quant_info.device)
+
+        def judge(dtype: torch.dtype) -> Support:
+            verdicts = [self.supports(device, LayerSpec(config, fmt, dtype)) for fmt in self.formats]
+            return next((verdict for verdict in verdicts if verdict.ok), verdicts[0] if verdicts else Support.no(
+                "it registered no conversion"))
+
+        _require_some_dtype(self.name, "", judge)
+        return BoundRunner(create_runner(self, config), quant_info, judge=judge)
 
 
 class FormatRoute(Protocol[W_contra]):
@@ -347,11 +369,7 @@ class Route(Generic[W, Q]):
         def judge(dtype: torch.dtype) -> Support:
             return self.supports(device, LayerSpec(config, self.source, dtype))
 
-        verdicts = [judge(dtype) for dtype in HIDDEN_DTYPES]
-        if not any(verdict.ok for verdict in verdicts):
-            raise BackendSelectionError(
-                f"backend {self.name!r} cannot run this {self.source.name} layer: {verdicts[0].describe()}"
-            )
+        _require_some_dtype(self.name, f"{self.source.name} ", judge)
         checked: object = weights  # a format's weights may check more of the layer than their shapes say
         if isinstance(checked, LayerChecked):
             checked.check_layer(config)
@@ -569,7 +587,8 @@ def register_backend(
 
 
 def create_runner(key: BackendKey[Q], config: MoeRunnerConfig) -> Runner[Q]:
-    """A runner of ``key``'s backend for one layer; its ``run`` takes only ``Q``."""
+    """A runner of ``key``'s backend for one layer; its ``run`` takes only ``Q``. It asks nothing of the backend's
+    answer (no device is known here): a route's or key's ``bind`` does, and holds the forward to it."""
     slot = _REGISTRY.get(key.name)
     if slot is None or slot.key is not key:
         raise ValueError(f"key: backend {key.name!r} is not registered (through register_backend, by a module that loaded)")

@@ -425,3 +425,20 @@ def test_a_factory_that_returns_a_runner_for_another_layer_is_named() -> None:
     create_runner(key, CONFIG)
     with pytest.raises(RuntimeError, match=r"factory returned a runner for another layer than asked \(routed_scaling_factor 2.5"):
         create_runner(key, attrs.evolve(CONFIG, routed_scaling_factor=2.5))
+
+
+@pytest.mark.usefixtures("isolated_registry")
+def test_a_key_bound_directly_asks_its_backend(gen: torch.Generator) -> None:
+    """A key's bind skipped the backend's answer: an honest plugin that refuses a scaling factor ran it 0.60 off
+    (adversarial pass 4, c32), and Triton's key on a machine without it failed inside its factory with a raw
+    ``ModuleNotFoundError`` (c27). It now asks, as a route's bind does."""
+    honest = register_backend(
+        "test-no-scaling", description="", factory=REFERENCE_DENSE.factory,
+        supports=lambda device, layer: Support.no("no output scale") if layer.config.routed_scaling_factor != 1.0 else Support.yes(),
+        conversions=REFERENCE_DENSE.conversions, priority=Priority(Tier.KERNEL),
+    )
+    seed = int(torch.randint(2**31, (1,), generator=gen))
+    weights, dispatch = random_dense_layer(CONFIG, 5, torch.float32, torch.device("cpu"), seed)
+    honest.bind(CONFIG, weights)(dispatch)
+    with pytest.raises(BackendSelectionError, match="backend 'test-no-scaling' cannot run this layer: no output scale"):
+        honest.bind(attrs.evolve(CONFIG, routed_scaling_factor=2.5), weights)
