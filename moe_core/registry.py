@@ -114,6 +114,12 @@ class BoundRunner(Generic[Q]):
                     f"{type(self.runner).__name__}.run wrote the dispatch's {name} in place: the caller still reads "
                     "it (a residual, a shared expert, the next layer); a runner computes into its own buffers"
                 )
+        for path, tensor, count in self._writes:
+            if write_count(tensor) != count:
+                raise RuntimeError(
+                    f"{type(self.runner).__name__}.run wrote its quant info's {path} in place: the next call would "
+                    "run other weights; bound weights are immutable (a runner computes into its own buffers)"
+                )
         if isinstance(dispatch, StandardDispatchOutput):
             hidden = dispatch.hidden_states
             fits = isinstance(out, torch.Tensor) and (out.shape, out.dtype, out.device) == (
@@ -373,8 +379,17 @@ class Route(Generic[W, Q]):
         checked: object = weights  # a format's weights may check more of the layer than their shapes say
         if isinstance(checked, LayerChecked):
             checked.check_layer(config)
-        refuse_writes_since_built(_held(type(weights).__name__, weights))  # before a conversion copies them
-        return BoundRunner(create_runner(self._key, config), self._quant_info(weights), judge=judge)
+        held = _held(type(weights).__name__, weights)
+        refuse_writes_since_built(held)  # before a conversion copies them
+        counts = [(path, value, write_count(value)) for path, value in held if isinstance(value, torch.Tensor)]
+        quant_info = self._quant_info(weights)
+        for path, tensor, count in counts:
+            if write_count(tensor) != count:
+                raise RuntimeError(
+                    f"backend {self.name!r}: its conversion wrote the {self.source.name} weights' {path} in place "
+                    "(the caller's weights, which other backends and layers may hold); a conversion builds new tensors"
+                )
+        return BoundRunner(create_runner(self._key, config), quant_info, judge=judge)
 
 
 @final

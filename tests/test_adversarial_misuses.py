@@ -20,7 +20,9 @@ import torch
 
 import moe_core._checks
 from moe_core import (
+    DENSE,
     Activation,
+    Conversion,
     DenseMoeWeights,
     ExpertInputScales,
     ExpertQuantizeGlobalScales,
@@ -31,6 +33,7 @@ from moe_core import (
     LinearBlockScales,
     Nvfp4ExpertWeights,
     Nvfp4GateUpWeights,
+    Priority,
     QuantizeGlobalScale,
     RoutingMethod,
     Scoring,
@@ -38,7 +41,10 @@ from moe_core import (
     SparseMixer,
     DispatchOutput,
     StandardDispatchOutput,
+    Support,
+    Tier,
     TopKOutput,
+    register_backend,
     route,
     select_experts,
 )
@@ -679,6 +685,42 @@ def test_a_runner_that_writes_its_inputs_in_place_is_named(gen: torch.Generator)
         BoundRunner(_InPlaceRunner(config), _weights(gen))(dispatch)
     assert not torch.equal(x, kept)  # the write happened; the forward named it instead of returning an output
     REFERENCE_DENSE.bind(config, _weights(gen))(StandardDispatchOutput(kept, dispatch.topk))  # ours write nothing
+
+
+@attrs.frozen
+class _LazyScalingRunner:
+    """A plugin's runner that finishes preparing its weights on the first run: w2 times the scaling factor, in place."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        quant_info.w2.mul_(2.0)
+        return REFERENCE_DENSE.factory(self.config).run(dispatch, quant_info)
+
+
+def _reorder_in_place(weights: DenseMoeWeights) -> DenseMoeWeights:
+    """A plugin's conversion to ``[up; gate]`` rows that reorders the caller's canonical tensor in place."""
+    gate, up = weights.w13.chunk(2, dim=1)
+    weights.w13.copy_(torch.cat((up, gate), dim=1))
+    return DenseMoeWeights(w13=weights.w13, w2=weights.w2)
+
+
+@pytest.mark.usefixtures("isolated_registry")
+def test_a_conversion_or_runner_that_writes_weights_in_place_is_named(gen: torch.Generator) -> None:
+    """A conversion that reordered the canonical w13 in place, and a runner that scaled its w2 in place on its first
+    run, were refused at the next read with a message blaming a reused staging buffer, one call late for the runner
+    (adversarial pass 4, c04 and c37). Binding compares the weights' write counts around the conversion, and a
+    bound forward the quant info's around the run, and names which wrote."""
+    config = _config()
+    dispatch = StandardDispatchOutput(torch.randn(6, H, generator=gen), select_experts(torch.randn(6, E, generator=gen), config))
+    converts = register_backend("test-reorders", description="", factory=REFERENCE_DENSE.factory,
+                                supports=lambda device, layer: Support.yes(), priority=Priority(Tier.KERNEL),
+                                conversions=[Conversion(DENSE, _reorder_in_place)])
+    with pytest.raises(RuntimeError, match=r"backend 'test-reorders': its conversion wrote the dense weights' DenseMoeWeights\.w13 in place"):
+        converts.route(DENSE).bind(config, _weights(gen))
+    forward = BoundRunner(_LazyScalingRunner(config), _weights(gen))
+    with pytest.raises(RuntimeError, match=r"_LazyScalingRunner\.run wrote its quant info's DenseMoeWeights\.w2 in place"):
+        forward(dispatch)
 
 
 @attrs.frozen(eq=False)
