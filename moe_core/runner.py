@@ -148,10 +148,28 @@ def check_run_values(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:
     require_distinct_per_row("topk_ids", topk.topk_ids)
     require_finite_non_negative("topk_weights", topk.topk_weights)
     require_finite("hidden_states", dispatch.hidden_states)
+    if config.slot_rows:
+        _require_local_rows(topk.topk_ids, config)
     if topk.check_values:
         _require_routed_weights(topk.topk_weights, config)
         if topk.router_logits is not None and topk.from_router_logits:
             _require_weights_of_logits(topk.topk_weights, topk.topk_ids, topk.router_logits, config)
+
+
+def _require_local_rows(ids: torch.Tensor, config: MoeRunnerConfig) -> None:
+    """Slot rows reach only the rank that holds their expert: a row for another expert means a runner made for
+    another rank's part of the layer (it would compute zeros for every row), so it is refused by name."""
+    if not values_readable(ids) or ids.numel() == 0:
+        return
+    first, stop = config.local_expert_offset, config.local_expert_offset + config.num_local_experts
+    outside = (ids < first) | (ids >= stop)
+    if bool(outside.any()):
+        expert = int(ids[outside][0])
+        raise ValueError(
+            f"topk_ids: a slot row for expert {expert} reached a runner of experts [{first}, {stop}): dispatchers "
+            "deliver each row to the rank holding its expert; was this forward built for another rank "
+            "(dispatcher.runner_config(config), its weights from placement.local_slice)?"
+        )
 
 
 ROUTED_WEIGHTS_SLACK = 1e-2

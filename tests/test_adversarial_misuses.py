@@ -824,3 +824,21 @@ def test_a_layer_inside_a_compiled_module_runs_eagerly(gen: torch.Generator) -> 
     x = torch.randn(6, H, generator=gen)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), block(x), rtol=0, atol=0)
+
+
+def test_slot_rows_for_another_ranks_experts_are_refused(gen: torch.Generator) -> None:
+    """A rank's forward built for the other rank's experts (its config and weights), wrapped in a plain function as
+    an expert-parallel layer takes one, computed zeros for every row it was sent, silently (adversarial pass 4, c09).
+    Slot rows reach only the rank holding their expert, so a row for another expert is refused by name."""
+    whole = _config()
+    ours = slot_config(attrs.evolve(whole, num_local_experts=4, local_expert_offset=4))
+    weights = DenseMoeWeights(w13=torch.randn(4, 2 * I, H, generator=gen), w2=torch.randn(4, H, I, generator=gen))
+    runner = REFERENCE_DENSE.factory(ours)
+    ids = torch.tensor([[5], [1], [7]], dtype=torch.int32)
+    rows = StandardDispatchOutput(torch.randn(3, H, generator=gen), TopKOutput(ids, torch.rand(3, 1, generator=gen),
+                                  num_experts=E, check_values=False))
+    with pytest.raises(ValueError, match=r"a slot row for expert 1 reached a runner of experts \[4, 8\)"):
+        runner.run(rows, weights)
+    local = StandardDispatchOutput(rows.hidden_states, TopKOutput(ids.clamp(min=4), rows.topk.topk_weights,
+                                   num_experts=E, check_values=False))
+    assert bool(torch.isfinite(runner.run(local, weights)).all())
