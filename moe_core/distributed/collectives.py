@@ -31,10 +31,22 @@ def backend_name(group: dist.ProcessGroup, device: torch.device) -> str:
     return per_device.get(device.type, name)
 
 
+def _first_collective_failed(where: str, error: RuntimeError) -> RuntimeError:
+    """The error of a layer's first collective, naming the contract a rank most often breaks there."""
+    return RuntimeError(
+        f"{where}: the first collective of this layer's dispatch failed ({str(error).splitlines()[0]}); most often a "
+        "rank of the group did not call the layer this step: every rank calls it each step, with an empty batch "
+        "(0 tokens) where it has none"
+    )
+
+
 def exchange_counts(send_counts: torch.Tensor, group: dist.ProcessGroup) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Rows this rank sends to each rank (int64 ``[W]``) and, after an all-to-all, receives from each: one host sync."""
     recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts, group=group)
+    try:
+        dist.all_to_all_single(recv_counts, send_counts, group=group)
+    except RuntimeError as error:  # gloo's timeout: a rank that skipped the layer
+        raise _first_collective_failed("all-to-all dispatch", error) from error
     both = [int(count) for count in torch.cat((send_counts, recv_counts)).tolist()]
     world_size = send_counts.numel()
     return tuple(both[:world_size]), tuple(both[world_size:])
@@ -61,7 +73,11 @@ def all_gather_rows(rows: torch.Tensor, group: dist.ProcessGroup, world_size: in
 def gather_counts(count: int, device: torch.device, group: dist.ProcessGroup, world_size: int) -> tuple[int, ...]:
     """Every rank's ``count``, in rank order: one host sync."""
     mine = torch.tensor([[count]], dtype=torch.int64, device=device)
-    return tuple(int(value) for value in all_gather_rows(mine, group, world_size).flatten().tolist())
+    try:
+        gathered = all_gather_rows(mine, group, world_size)
+    except RuntimeError as error:  # gloo's timeout: a rank that skipped the layer
+        raise _first_collective_failed("all-gather dispatch", error) from error
+    return tuple(int(value) for value in gathered.flatten().tolist())
 
 
 def sum_rows(rows: torch.Tensor, group: dist.ProcessGroup) -> None:
