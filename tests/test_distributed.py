@@ -883,3 +883,20 @@ def test_a_rank_that_skips_the_layer_is_named_where_the_first_collective_fails(
             collectives.exchange_counts(torch.zeros(2, dtype=torch.int64), group)  # type: ignore[arg-type]  # never reached: the call fails first
         else:
             collectives.gather_counts(3, torch.device("cpu"), group, 2)  # type: ignore[arg-type]  # never reached: the call fails first
+
+
+@pytest.mark.distributed
+def test_replicated_slots_computed_by_other_than_one_rank_are_refused(world_of_one: dist.ProcessGroup) -> None:
+    """Data-parallel tokens dispatched as ``TokenSharding.REPLICATED`` mixed the ranks' slot bytes into garbage (2e37
+    off, silently: adversarial pass 4, c07). Each slot now carries a byte, 1 where a rank computed it; after the sum
+    every slot must have one writer. (On one rank a slot no rank computed stands for the case: with two ranks holding
+    different top-k, slots have 0 or 2 writers.)"""
+    from moe_core.distributed.all_gather import AllGatherHandle, scatter_slots
+
+    out = torch.randn(3, 8)
+    handle = AllGatherHandle(torch.tensor([0, 1, 3]), (2,), 2)
+    with pytest.raises(ValueError, match=r"TokenSharding.REPLICATED: slot 2 was computed by 0 ranks, not one"):
+        scatter_slots(out, handle, world_of_one, TokenSharding.REPLICATED)
+    full = AllGatherHandle(torch.tensor([0, 1, 2, 3]), (2,), 2)
+    rows = torch.randn(4, 8)
+    torch.testing.assert_close(scatter_slots(rows, full, world_of_one, TokenSharding.REPLICATED), rows[0::2] + rows[1::2])

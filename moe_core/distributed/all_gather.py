@@ -15,7 +15,9 @@ Exact by construction: the buffer reduced holds one row per gathered
 ``(token, slot)``, written by the one rank holding that slot's expert and
 zero bytes on every other rank. It is reduced as uint8, and an integer sum
 with a single non-zero addend is that addend, so the reduction hands over
-each slot output's bytes whatever order the collective adds in. The slots a
+each slot output's bytes whatever order the collective adds in. Under
+replicated tokens each slot carries one more byte, 1 where a rank wrote it,
+so a sum of another writer count (ranks that held different tokens) is refused. The slots a
 rank computes are selected in gathered ``(token, slot)`` order, which is the
 layer's order with tokens numbered rank by rank, so each expert sees the
 single-rank layer's rows (see :mod:`moe_core.distributed.all_to_all`). The
@@ -133,13 +135,29 @@ def scatter_slots(out: torch.Tensor, handle: AllGatherHandle, group: dist.Proces
     """Every slot output to its token's rank (bytes, exactly), then each token's slots added in slot order."""
     buffer = slot_buffer(out, handle)
     if tokens is TokenSharding.REPLICATED:
-        sum_rows(buffer, group)
-        mine = buffer
+        mine = _sum_replicated(buffer, handle.selected, group)
     else:
         rank = group.rank()
         mine = reduce_scatter_rows(buffer, group, rank, group.size())
         mine = mine[: handle.token_counts[rank] * handle.top_k]
     return sum_slots(from_bytes(mine, out.dtype, out.shape[1]), handle.top_k)
+
+
+def _sum_replicated(buffer: torch.Tensor, selected: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """``buffer`` summed over the ranks, with one more byte per slot: 1 where this rank wrote it. Replicated tokens
+    give every slot exactly one writer; a sum of another count means the ranks held different tokens or top-k (each
+    slot then mixes ranks' bytes), which is refused instead of returning garbage (one host sync)."""
+    written = buffer.new_zeros((buffer.shape[0], 1)).index_fill_(0, selected, 1)
+    flagged = torch.cat((buffer, written), dim=1)
+    sum_rows(flagged, group)
+    writers = flagged[:, -1]
+    if bool((writers != 1).any()):
+        slot = int((writers != 1).nonzero()[0, 0])
+        raise ValueError(
+            f"TokenSharding.REPLICATED: slot {slot} was computed by {int(writers[slot])} ranks, not one: the ranks hold "
+            "different tokens or top-k; data-parallel attention (each rank its own tokens) takes TokenSharding.PER_RANK"
+        )
+    return flagged[:, :-1]
 
 
 @final
