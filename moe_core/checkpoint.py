@@ -19,6 +19,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import TypeVar, final
 
 import attrs
@@ -269,8 +270,9 @@ class MoeCheckpoint:
         self.directory = Path(directory)
         """The checkpoint directory."""
         config = _read_json(self.directory / "config.json")
-        self.config: Mapping[str, object] = config
-        """``config.json`` as read."""
+        self.config: Mapping[str, object] = MappingProxyType(config)
+        """``config.json`` as read, read-only: what it says is taken as the checkpoint is opened, so a write into it
+        later would change nothing (an override goes into the file, or the layer's config)."""
         where = str(self.directory / "config.json")
         model_type = config.get("model_type")
         names = ARCHITECTURES.get(str(model_type))

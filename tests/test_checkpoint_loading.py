@@ -381,3 +381,12 @@ def test_a_deepseek_checkpoint_without_its_correction_bias_is_refused(tmp_path: 
     save_file(tensors, str(path), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"model.layers.1.mlp.gate.e_score_correction_bias: not in .*noaux_tc chooses"):
         MoeCheckpoint(directory).router(1)
+
+
+def test_a_checkpoints_config_is_read_only() -> None:
+    """An override written into ``MoeCheckpoint.config`` after opening (``norm_topk_prob = False``) was silently
+    ignored: the layer's routing had been taken as the checkpoint was opened (adversarial pass 4, c21; mypy rejects
+    the write, a program without types ran it)."""
+    checkpoint = MoeCheckpoint(FIXTURES / "qwen3_moe_bf16")
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        checkpoint.config["norm_topk_prob"] = False  # type: ignore[index]  # the runtime check under test
