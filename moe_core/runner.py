@@ -107,7 +107,8 @@ def check_run_inputs(
         raise ValueError(f"hidden_states: expected device {quant_info.device} like the quant info, got {hidden.device}")
     topk = dispatch.topk
     if topk.top_k != config.top_k:
-        raise ValueError(f"topk_ids: expected {config.top_k} columns (top_k), got {topk.top_k}")
+        hint = " (an expert-parallel dispatcher's slot rows: bind for dispatcher.runner_config(config))" if topk.top_k == 1 else ""
+        raise ValueError(f"topk_ids: expected {config.top_k} columns (top_k), got {topk.top_k}{hint}")
     if topk.num_experts != config.num_experts:
         raise ValueError(f"topk.num_experts: expected {config.num_experts} from the config, got {topk.num_experts}")
     checked: object = quant_info

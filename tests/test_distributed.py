@@ -51,6 +51,7 @@ from moe_core.backends.reference import (
     REFERENCE_NVFP4_W4A16,
 )
 from moe_core.config import Llama4Sigmoid
+from moe_core.distributed.slots import slot_rows
 from moe_core.formats.nvfp4.reference import fake_quantize_nvfp4
 from moe_core.fp8 import fake_quantize_fp8_per_token
 from moe_core import distributed
@@ -900,3 +901,14 @@ def test_replicated_slots_computed_by_other_than_one_rank_are_refused(world_of_o
     full = AllGatherHandle(torch.tensor([0, 1, 2, 3]), (2,), 2)
     rows = torch.randn(4, 8)
     torch.testing.assert_close(scatter_slots(rows, full, world_of_one, TokenSharding.REPLICATED), rows[0::2] + rows[1::2])
+
+
+def test_slot_rows_run_on_the_layers_config_name_the_runner_config() -> None:
+    """A forward bound for the layer's config (top_k 2) given an expert-parallel dispatcher's slot rows (top_k 1)
+    was refused as "expected 2 columns (top_k), got 1", which does not say what to bind for (adversarial pass 4,
+    c33)."""
+    config = MoeRunnerConfig(num_experts=4, hidden_size=16, intermediate_size_per_partition=8, top_k=2)
+    weights = DenseMoeWeights(w13=torch.randn(4, 16, 16), w2=torch.randn(4, 16, 8))
+    rows = slot_rows(torch.randn(3, 16), torch.tensor([0, 2, 3], dtype=torch.int32), torch.rand(3), 4)
+    with pytest.raises(ValueError, match=r"expected 2 columns \(top_k\), got 1 \(an expert-parallel dispatcher's slot rows: bind for dispatcher\.runner_config\(config\)\)"):
+        REFERENCE_DENSE.bind(config, weights)(rows)
