@@ -192,9 +192,12 @@ def run_rank(rank: int, world: World, init: str, shapes: list[str], tokens: list
         config = MoeRunnerConfig(num_experts=experts, hidden_size=hidden, intermediate_size_per_partition=128, top_k=top_k)
         placement = ExpertPlacement(experts, world.world_size)
         for count in tokens:
-            gen = torch.Generator(device=device).manual_seed(rank)
-            x = torch.randn(count, hidden, generator=gen, device=device).to(torch.bfloat16)
-            topk = select_experts(torch.randn(count, experts, generator=gen, device=device), config)
+            batches = []
+            for seed in (rank, world.world_size):  # this rank's own tokens; then every rank's same ones (replicated)
+                gen = torch.Generator(device=device).manual_seed(seed)
+                rows_in = torch.randn(count, hidden, generator=gen, device=device).to(torch.bfloat16)
+                batches.append((rows_in, select_experts(torch.randn(count, experts, generator=gen, device=device), config)))
+            (x, topk), replicated = batches
             fp8, nvfp4 = Fp8TokenQuantizer(), Nvfp4TokenQuantizer(QuantizeGlobalScale.from_amax(6.0))  # randn: amax ~5
             batch = (x, topk)
             for name in dispatchers:
@@ -217,10 +220,11 @@ def run_rank(rank: int, world: World, init: str, shapes: list[str], tokens: list
                     result = measure(nvfp4_to_all, dequantized_as_output, batch, group, iters)
                 else:
                     sharding = TokenSharding.REPLICATED if name == "replicated" else TokenSharding.PER_RANK
-                    result = measure(AllGatherDispatcher(group, placement, sharding), rows_as_output, batch, group, iters)
+                    same = replicated if name == "replicated" else batch
+                    result = measure(AllGatherDispatcher(group, placement, sharding), rows_as_output, same, group, iters)
                 sent = dispatch_bytes(name, count, top_k, payload_bytes)
                 rows.append(Row(shape, count, name, *slowest(result, device), sent))
-            del x, topk
+            del x, topk, batch, batches, replicated
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if rank == 0:
