@@ -40,7 +40,7 @@ from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig, config_differences
 from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
 from moe_core.dispatch import DispatchOutput, StandardDispatchOutput
-from moe_core.runner import LayerChecked, QuantInfo, Runner, check_run_values
+from moe_core.runner import LayerChecked, QuantInfo, Runner, check_quant_info_sizes, check_run_values
 
 HIDDEN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 """The hidden-states dtypes a route asks its backend about when it binds (bf16, :class:`LayerSpec`'s default, first)."""
@@ -82,6 +82,7 @@ class BoundRunner(Generic[Q]):
     """The previous call's output while the caller holds it: a runner must not hand back its storage again."""
 
     def __attrs_post_init__(self) -> None:
+        check_quant_info_sizes(self.runner.config, self.quant_info)
         held = _held(type(self.quant_info).__name__, self.quant_info)
         refuse_writes_since_built(held)
         counted = [(path, value, write_count(value)) for path, value in held if isinstance(value, torch.Tensor)]

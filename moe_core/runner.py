@@ -91,15 +91,7 @@ def check_run_inputs(
     if dispatch.format not in formats:
         wanted = ", ".join(f.value for f in formats)
         raise ValueError(f"dispatch: expected format {wanted}, got {dispatch.format.value}")
-    expected = {
-        "num_experts": config.num_local_experts,
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size_per_partition,
-    }
-    for name, value in expected.items():
-        actual = getattr(quant_info, name)
-        if actual != value:
-            raise ValueError(f"quant_info.{name}: expected {value} from the config, got {actual}")
+    check_quant_info_sizes(config, quant_info)
     hidden = dispatch.hidden_states
     if hidden.shape[1] != config.hidden_size:
         raise ValueError(f"hidden_states: expected {config.hidden_size} columns (hidden_size), got {hidden.shape[1]}")
@@ -114,6 +106,20 @@ def check_run_inputs(
     checked: object = quant_info
     if _layer_checked(checked):
         checked.check_layer(config)
+
+
+def check_quant_info_sizes(config: MoeRunnerConfig, quant_info: QuantInfo) -> None:
+    """Raise ``ValueError`` unless ``quant_info`` holds ``config``'s local experts, hidden and intermediate sizes
+    (binding checks it once, :func:`check_run_inputs` on every run)."""
+    expected = {
+        "num_experts": config.num_local_experts,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size_per_partition,
+    }
+    for name, value in expected.items():
+        actual = getattr(quant_info, name)
+        if actual != value:
+            raise ValueError(f"quant_info.{name}: expected {value} from the config, got {actual}")
 
 
 _LAYER_CHECKED: dict[type, bool] = {}

@@ -842,3 +842,13 @@ def test_slot_rows_for_another_ranks_experts_are_refused(gen: torch.Generator) -
     local = StandardDispatchOutput(rows.hidden_states, TopKOutput(ids.clamp(min=4), rows.topk.topk_weights,
                                    num_experts=E, check_values=False))
     assert bool(torch.isfinite(runner.run(local, weights)).all())
+
+
+def test_weights_of_another_expert_count_are_refused_at_bind(gen: torch.Generator) -> None:
+    """A rank's weights sliced by the engine's split (5 experts) bound for the placement's part (6) bound without a
+    word and failed only at the first forward (adversarial pass 4, c25). Binding now checks the quant info's sizes
+    against the config."""
+    config = attrs.evolve(_config(), num_local_experts=6, local_expert_offset=0)
+    five = DenseMoeWeights(w13=torch.randn(5, 2 * I, H, generator=gen), w2=torch.randn(5, H, I, generator=gen))
+    with pytest.raises(ValueError, match=r"quant_info.num_experts: expected 6 from the config, got 5"):
+        BoundRunner(REFERENCE_DENSE.factory(config), five)
