@@ -19,7 +19,6 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import MappingProxyType
 from typing import TypeVar, final
 
 import attrs
@@ -262,6 +261,27 @@ def _quantization_config(directory: Path, config: Mapping[str, object]) -> Mappi
 
 
 @final
+class ReadOnlyConfig(Mapping[str, object]):
+    """``config.json`` as a mapping that takes no writes (a write after opening would change nothing the checkpoint
+    already read), and that copies and pickles like the dict it holds."""
+
+    def __init__(self, values: Mapping[str, object]) -> None:
+        self._values = dict(values)
+
+    def __getitem__(self, key: str) -> object:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyConfig({self._values!r})"
+
+
+@final
 class MoeCheckpoint:
     """A checkpoint directory: its MoE architecture, quantization config, scheme and tensors."""
 
@@ -270,7 +290,7 @@ class MoeCheckpoint:
         self.directory = Path(directory)
         """The checkpoint directory."""
         config = _read_json(self.directory / "config.json")
-        self.config: Mapping[str, object] = MappingProxyType(config)
+        self.config: Mapping[str, object] = ReadOnlyConfig(config)
         """``config.json`` as read, read-only: what it says is taken as the checkpoint is opened, so a write into it
         later would change nothing (an override goes into the file, or the layer's config)."""
         where = str(self.directory / "config.json")

@@ -151,13 +151,24 @@ class BoundRunner(Generic[Q]):
         """Refuse an output in the storage of the previous one while the caller still holds that (a runner's reused
         workspace: the earlier result would change under its holder, e.g. a pipelined engine's other micro-batch)."""
         previous = self._last_output[0]() if self._last_output else None
-        storage = out.untyped_storage().data_ptr()
-        if previous is not None and storage != 0 and storage == previous.untyped_storage().data_ptr():
+        if previous is not None and _overlap(out, previous):
             raise RuntimeError(
-                f"{type(self.runner).__name__}.run returned the storage of its previous output, which the caller still "
+                f"{type(self.runner).__name__}.run returned memory of its previous output, which the caller still "
                 "holds: that result is overwritten (a reused output workspace); a runner returns a new tensor per call"
             )
         self._last_output[:] = [weakref.ref(out)]
+
+
+def _overlap(one: torch.Tensor, other: torch.Tensor) -> bool:
+    """Whether the byte spans the two tensors address on one device intersect (never for empty or meta tensors)."""
+    spans = []
+    for tensor in (one, other):
+        start = tensor.data_ptr()
+        if start == 0 or tensor.numel() == 0:
+            return False
+        reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())) + 1
+        spans.append((start, start + reach * tensor.element_size()))
+    return one.device == other.device and spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
 
 
 def _require_some_dtype(name: str, what: str, judge: Callable[[torch.dtype], Support]) -> None:

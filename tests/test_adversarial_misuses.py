@@ -736,6 +736,21 @@ class _WorkspaceRunner:
         return self.workspace[:rows].copy_(REFERENCE_DENSE.factory(self.config).run(dispatch, quant_info))
 
 
+@attrs.frozen(eq=False)
+class _PingPongRunner:
+    """A plugin's runner that alternates between the two halves of one output buffer (a correct program: the caller's
+    previous output is never overwritten by the next)."""
+
+    config: MoeRunnerConfig
+    halves: torch.Tensor
+    calls: list[int] = attrs.field(factory=list)
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        self.calls.append(0)
+        half = self.halves[len(self.calls) % 2]
+        return half.copy_(REFERENCE_DENSE.factory(self.config).run(dispatch, quant_info))
+
+
 def test_a_runner_that_returns_its_previous_output_storage_is_named(gen: torch.Generator) -> None:
     """An engine holding micro-batch 0's output while micro-batch 1 runs found it overwritten by micro-batch 1's
     (1.35 off, silently: adversarial pass 4, c03). A bound forward refuses an output in the storage of the previous
@@ -747,10 +762,16 @@ def test_a_runner_that_returns_its_previous_output_storage_is_named(gen: torch.G
                for x in torch.randn(2, 6, H, generator=gen)]
     forward = BoundRunner(_WorkspaceRunner(config, torch.empty(8, H)), weights)
     first = forward(batches[0])
-    with pytest.raises(RuntimeError, match=r"_WorkspaceRunner\.run returned the storage of its previous output"):
+    with pytest.raises(RuntimeError, match=r"_WorkspaceRunner\.run returned memory of its previous output"):
         forward(batches[1])
     del first
     forward(batches[1])
+    halves = BoundRunner(_PingPongRunner(config, torch.empty(2, 6, H)), weights)
+    ours_each = [REFERENCE_DENSE.bind(config, weights)(batch) for batch in batches]
+    held = halves(batches[0])
+    latest = halves(batches[1])  # the other half of one buffer: the held output is not overwritten, and not refused
+    torch.testing.assert_close(held, ours_each[0], rtol=0, atol=0)
+    torch.testing.assert_close(latest, ours_each[1], rtol=0, atol=0)
     ours = REFERENCE_DENSE.bind(config, weights)
     kept = [ours(batch) for batch in batches]  # ours allocate per call: both held, both right
     torch.testing.assert_close(kept[0], ours(batches[0]), rtol=0, atol=0)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import re
 from pathlib import Path
 
@@ -390,3 +392,5 @@ def test_a_checkpoints_config_is_read_only() -> None:
     checkpoint = MoeCheckpoint(FIXTURES / "qwen3_moe_bf16")
     with pytest.raises(TypeError, match="does not support item assignment"):
         checkpoint.config["norm_topk_prob"] = False  # type: ignore[index]  # the runtime check under test
+    copied = pickle.loads(pickle.dumps(checkpoint.config))  # copies and pickles (a mappingproxy did neither)
+    assert dict(copy.deepcopy(checkpoint.config)) == dict(copied) == dict(checkpoint.config)
