@@ -136,6 +136,10 @@ class BoundRunner(Generic[Q]):
             self._require_fresh_output(out)
         return out
 
+    def __reduce__(self) -> tuple[Callable[..., BoundRunner[Q]], tuple[object, ...]]:
+        """Copies and pickles bind afresh (the copy's tensors count their own writes, from the copy on)."""
+        return _bind_again, (self.runner, self.quant_info, self.judge)
+
     def _require_supported(self, judge: Callable[[torch.dtype], Support], dtype: torch.dtype) -> None:
         """Refuse hidden states of a dtype the backend does not take for this layer (``judge`` asked once per dtype)."""
         verdict = self._judged.get(dtype)
@@ -159,6 +163,32 @@ class BoundRunner(Generic[Q]):
         self._last_output[:] = [weakref.ref(out)]
 
 
+class _Answers(Protocol):
+    """A backend's own answer for a layer on a device (what a key holds)."""
+
+    def supports(self, device: DeviceSpec, layer: LayerSpec) -> Support:
+        """Whether the backend runs ``layer`` on ``device``, and if not, why."""
+        ...
+
+
+@final
+@attrs.frozen(eq=False)
+class BackendAnswer:
+    """A backend's answer for one layer on one device, asked per hidden-states dtype: yes where it runs the layer
+    under one of ``formats``, else the first format's reasons. A bound forward holds it (it copies and pickles where
+    the backend's own functions do)."""
+
+    backend: _Answers
+    formats: tuple[FormatInfo, ...]
+    config: MoeRunnerConfig
+    device: DeviceSpec
+
+    def __call__(self, dtype: torch.dtype) -> Support:
+        verdicts = [self.backend.supports(self.device, LayerSpec(self.config, fmt, dtype)) for fmt in self.formats]
+        return next((verdict for verdict in verdicts if verdict.ok), verdicts[0] if verdicts else Support.no(
+            "it registered no conversion"))
+
+
 def _overlap(one: torch.Tensor, other: torch.Tensor) -> bool:
     """Whether the byte spans the two tensors address on one device intersect (never for empty or meta tensors)."""
     spans = []
@@ -176,6 +206,13 @@ def _require_some_dtype(name: str, what: str, judge: Callable[[torch.dtype], Sup
     verdicts = [judge(dtype) for dtype in HIDDEN_DTYPES]
     if not any(verdict.ok for verdict in verdicts):
         raise BackendSelectionError(f"backend {name!r} cannot run this {what}layer: {verdicts[0].describe()}")
+
+
+def _bind_again(
+    runner: Runner[Q], quant_info: Q, judge: Callable[[torch.dtype], Support] | None
+) -> BoundRunner[Q]:
+    """A :class:`BoundRunner` rebuilt from its parts (copies and pickles)."""
+    return BoundRunner(runner, quant_info, judge=judge)
 
 
 def _dispatch_tensors(dispatch: DispatchOutput) -> list[tuple[str, torch.Tensor]]:
@@ -273,13 +310,7 @@ class BackendKey(Generic[Q]):
         selection, not the backend's refusals); the forward asks for the dtype
         of the hidden states it is given.
         """
-        device = DeviceSpec.of(quant_info.device)
-
-        def judge(dtype: torch.dtype) -> Support:
-            verdicts = [self.supports(device, LayerSpec(config, fmt, dtype)) for fmt in self.formats]
-            return next((verdict for verdict in verdicts if verdict.ok), verdicts[0] if verdicts else Support.no(
-                "it registered no conversion"))
-
+        judge = BackendAnswer(self, self.formats, config, DeviceSpec.of(quant_info.device))
         _require_some_dtype(self.name, "", judge)
         return BoundRunner(create_runner(self, config), quant_info, judge=judge)
 
@@ -382,11 +413,7 @@ class Route(Generic[W, Q]):
         states it is given (once per dtype), and refuses one the backend does
         not take: a route chosen for bf16 never runs float32 silently in bf16.
         """
-        device = DeviceSpec.of(self.source.narrow(weights).device)
-
-        def judge(dtype: torch.dtype) -> Support:
-            return self.supports(device, LayerSpec(config, self.source, dtype))
-
+        judge = BackendAnswer(self._key, (self.source,), config, DeviceSpec.of(self.source.narrow(weights).device))
         _require_some_dtype(self.name, f"{self.source.name} ", judge)
         checked: object = weights  # a format's weights may check more of the layer than their shapes say
         if isinstance(checked, LayerChecked):

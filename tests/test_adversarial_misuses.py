@@ -9,6 +9,7 @@ the right answer against an independent computation.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 import shutil
@@ -873,3 +874,17 @@ def test_weights_of_another_expert_count_are_refused_at_bind(gen: torch.Generato
     five = DenseMoeWeights(w13=torch.randn(5, 2 * I, H, generator=gen), w2=torch.randn(5, H, I, generator=gen))
     with pytest.raises(ValueError, match=r"quant_info.num_experts: expected 6 from the config, got 5"):
         BoundRunner(REFERENCE_DENSE.factory(config), five)
+
+
+def test_a_deep_copy_of_a_built_layer_runs(gen: torch.Generator) -> None:
+    """A correct program refused: ``copy.deepcopy`` of a layer whose weights had been written before they were built
+    (loaded in place: ``load_state_dict``, ``copy_``) held the copies to the originals' write counts and refused to
+    run ("-1 write(s)"), and so did a deep copy of a swapped transformers model before ``generate``. A bound forward now
+    copies by binding afresh."""
+    w13, w2 = torch.empty(E, 2 * I, H), torch.empty(E, H, I)
+    w13.copy_(torch.randn(E, 2 * I, H, generator=gen) / 6)  # loaded in place: write counts of 1
+    w2.copy_(torch.randn(E, H, I, generator=gen) / 4)
+    layer = dense_layer(_config(), Router(weight=torch.randn(E, H, generator=gen)), DenseMoeWeights(w13=w13, w2=w2),
+                        dtype=torch.float32)
+    x = torch.randn(6, H, generator=gen)
+    torch.testing.assert_close(copy.deepcopy(layer)(x), layer(x), rtol=0, atol=0)
