@@ -197,7 +197,57 @@ def require_unwritten(name: str, tensor: torch.Tensor, count: int) -> None:
         )
 
 
-_BUILT: weakref.WeakKeyDictionary[object, list[tuple[str, torch.Tensor, int]]] = weakref.WeakKeyDictionary()
+FINGERPRINT_CHUNK = 1 << 22
+"""Bytes a fingerprint reads at a time (its int64 copies of them take 8 times as much)."""
+
+
+def _in_larger_buffer(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a part of a larger buffer: its storage holds more bytes than it spans, so writes into the
+    other parts (an engine's buffer of every layer, filled a layer at a time) count as its writes too."""
+    return tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size()
+
+
+def _fingerprint(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """Two sums over a contiguous tensor's bytes, plain and position-weighted (a different layer's weights, or the
+    same bytes moved, change them); None where the values cannot be read or the bytes are not in one run."""
+    if not values_readable(tensor) or not tensor.is_contiguous() or tensor.numel() == 0:
+        return None
+    flat = tensor.reshape(-1).view(torch.uint8)
+    total = torch.zeros((), dtype=torch.int64, device=flat.device)
+    weighted = torch.zeros((), dtype=torch.int64, device=flat.device)
+    for start in range(0, flat.numel(), FINGERPRINT_CHUNK):
+        chunk = flat[start : start + FINGERPRINT_CHUNK].to(torch.int64)
+        places = torch.arange(start, start + chunk.numel(), device=flat.device) % 251 + 1
+        total += chunk.sum()
+        weighted += (chunk * places).sum()
+    return int(total), int(weighted)
+
+
+class WriteCount:
+    """A tensor's write count at one moment, and for a part of a larger buffer its contents' fingerprint: the counter
+    is shared by the whole buffer, so a count that moved is checked against the contents before it says the tensor
+    was written."""
+
+    __slots__ = ("count", "fingerprint", "tensor")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.count = write_count(tensor)
+        self.fingerprint = _fingerprint(tensor) if self.count >= 0 and _in_larger_buffer(tensor) else None
+
+    def writes(self) -> int:
+        """In-place writes into the tensor since then (its counter's moves; 0 where they were writes into other parts
+        of its buffer, which left its own contents as they were)."""
+        now = write_count(self.tensor)
+        if now == self.count:
+            return 0
+        if self.fingerprint is not None and _fingerprint(self.tensor) == self.fingerprint:
+            self.count = now
+            return 0
+        return now - self.count
+
+
+_BUILT: weakref.WeakKeyDictionary[object, list[tuple[str, WriteCount]]] = weakref.WeakKeyDictionary()
 """Per weight object (while it lives): each tensor it was built from, by field, with its write count at the build."""
 
 
@@ -213,7 +263,7 @@ def record_built(holder: object, field: str, tensor: torch.Tensor) -> None:
     tensors count no writes and are skipped.
     """
     if not tensor.is_inference():
-        _BUILT.setdefault(holder, []).append((field, tensor, write_count(tensor)))
+        _BUILT.setdefault(holder, []).append((field, WriteCount(tensor)))
 
 
 def require_unwritten_since_built(path: str, holder: object) -> None:
@@ -223,11 +273,11 @@ def require_unwritten_since_built(path: str, holder: object) -> None:
         records = _BUILT.get(holder, [])
     except TypeError:  # not weakly referable: no weight type
         return
-    for field, tensor, count in records:
-        now = write_count(tensor)
-        if now != count:
+    for field, counted in records:
+        writes = counted.writes()
+        if writes:
             raise RuntimeError(
-                f"{path}.{field}: written in place after its weights were built ({now - count} write(s), e.g. a staging "
+                f"{path}.{field}: written in place after its weights were built ({writes} write(s), e.g. a staging "
                 "buffer reused for the next layer's weights): built weights are immutable; build new ones from it "
                 "(a scheme reloads through its loader)"
             )

@@ -35,7 +35,7 @@ from typing import Generic, Protocol, TypeVar, final, overload
 import attrs
 import torch
 
-from moe_core._checks import require_unwritten_since_built, write_count
+from moe_core._checks import WriteCount, require_unwritten_since_built, write_count
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig, config_differences
 from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
@@ -76,7 +76,7 @@ class BoundRunner(Generic[Q]):
     """The backend's answer for this layer with hidden states of a dtype (a route binds it); None where the binder
     asked nothing of the backend (a key's bind)."""
     _judged: dict[torch.dtype, Support] = attrs.field(init=False, repr=False, factory=dict)
-    _writes: tuple[tuple[str, torch.Tensor, int], ...] = attrs.field(init=False, repr=False)
+    _writes: tuple[tuple[str, WriteCount], ...] = attrs.field(init=False, repr=False)
     """Each tensor the quant info holds, by field path, with its write count at binding."""
     _last_output: list[weakref.ref[torch.Tensor]] = attrs.field(init=False, repr=False, factory=list)
     """The previous call's output while the caller holds it: a runner must not hand back its storage again."""
@@ -85,8 +85,8 @@ class BoundRunner(Generic[Q]):
         check_quant_info_sizes(self.runner.config, self.quant_info)
         held = _held(type(self.quant_info).__name__, self.quant_info)
         refuse_writes_since_built(held)
-        counted = [(path, value, write_count(value)) for path, value in held if isinstance(value, torch.Tensor)]
-        object.__setattr__(self, "_writes", tuple(c for c in counted if c[2] >= 0))  # inference tensors count none
+        counted = [(path, WriteCount(value)) for path, value in held if isinstance(value, torch.Tensor)]
+        object.__setattr__(self, "_writes", tuple(c for c in counted if c[1].count >= 0))  # inference tensors count none
 
     def __call__(self, dispatch: DispatchOutput, /) -> torch.Tensor:
         """``runner.run(dispatch, quant_info)``; for standard dispatches, the output is held to the
@@ -94,11 +94,11 @@ class BoundRunner(Generic[Q]):
         returns something else is named instead of passing it on. A top-k built with ``check_values`` (the default)
         has its values checked against the layer first (:func:`~moe_core.runner.check_run_values`), whichever
         backend runs: kernels read no values."""
-        for path, tensor, count in self._writes:
-            now = write_count(tensor)
-            if now != count:
+        for path, counted in self._writes:
+            writes = counted.writes()
+            if writes:
                 raise RuntimeError(
-                    f"{path}: written in place after its weights were built ({now - count} write(s), e.g. a staging "
+                    f"{path}: written in place after its weights were built ({writes} write(s), e.g. a staging "
                     "buffer reused for the next layer's weights): bound weights are immutable; bind new ones (a scheme "
                     "reloads through its loader)"
                 )
@@ -115,8 +115,8 @@ class BoundRunner(Generic[Q]):
                     f"{type(self.runner).__name__}.run wrote the dispatch's {name} in place: the caller still reads "
                     "it (a residual, a shared expert, the next layer); a runner computes into its own buffers"
                 )
-        for path, tensor, count in self._writes:
-            if write_count(tensor) != count:
+        for path, counted in self._writes:
+            if counted.writes():
                 raise RuntimeError(
                     f"{type(self.runner).__name__}.run wrote its quant info's {path} in place: the next call would "
                     "run other weights; bound weights are immutable (a runner computes into its own buffers)"

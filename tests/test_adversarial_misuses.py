@@ -888,3 +888,29 @@ def test_a_deep_copy_of_a_built_layer_runs(gen: torch.Generator) -> None:
                         dtype=torch.float32)
     x = torch.randn(6, H, generator=gen)
     torch.testing.assert_close(copy.deepcopy(layer)(x), layer(x), rtol=0, atol=0)
+
+
+def test_layers_built_from_slices_of_one_buffer_survive_writes_into_the_other_slices(gen: torch.Generator) -> None:
+    """A correct program refused: an engine keeps every layer's weights and router in one buffer ``[L, ...]`` and
+    fills it a layer at a time; each write bumped the whole buffer's write counter, so every layer built before the
+    last was refused (review of this session's checks). A part of a larger buffer is now also fingerprinted: a count
+    that moved while its own bytes stayed passes, and a rewrite of its own slice is still refused."""
+    layers, config = 3, _config()
+    w13, w2 = torch.empty(layers, E, 2 * I, H), torch.empty(layers, E, H, I)
+    routers = torch.empty(layers, E, H)
+    built, truth = [], []
+    for layer in range(layers):
+        w13[layer].copy_(torch.randn(E, 2 * I, H, generator=gen) / 6)
+        w2[layer].copy_(torch.randn(E, H, I, generator=gen) / 4)
+        routers[layer].copy_(torch.randn(E, H, generator=gen))
+        weights = DenseMoeWeights(w13=w13[layer], w2=w2[layer])
+        built.append(dense_layer(config, Router(weight=routers[layer]), weights, dtype=torch.float32))
+        truth.append((w13[layer].clone(), w2[layer].clone(), routers[layer].clone()))
+    x = torch.randn(6, H, generator=gen)
+    for moe, (t13, t2, router) in zip(built, truth):
+        own = dense_layer(config, Router(weight=router), DenseMoeWeights(w13=t13, w2=t2), dtype=torch.float32)
+        torch.testing.assert_close(moe(x), own(x), rtol=0, atol=0)
+    w2[0].copy_(torch.randn(E, H, I, generator=gen))  # layer 0's own slice rewritten
+    with pytest.raises(RuntimeError, match=r"\.w2: written in place after its weights were built"):
+        built[0](x)
+    built[1](x)
