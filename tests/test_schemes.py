@@ -11,12 +11,14 @@ Tolerances (relative l2 over the layer's bf16 output):
   float32 and float64; measured 1.6e-3 to 1.7e-3. Between W4A4 runs, once
   the GEMM2-input codes that float32 and float64 may round apart are taken
   out (:func:`gemm2_code_flips`, derived in the NVFP4 layer test).
-- ``ACTIVATION_QUANTIZATION`` = (0.05, 0.25): W4A4 against the same weights
+- ``ACTIVATION_QUANTIZATION`` = (0.05, 0.30): W4A4 against the same weights
   with unquantized activations, on a batch of at least ``BAND_TOKENS`` = 37
-  tokens: measured 0.151 to 0.197 over 150 draws per fixture and layer
-  (a single token spreads 0.10 to 0.27, so it is not checked against the
-  band). The gate/up ``[:, 0]`` collapse on the split fixture (64 tokens)
-  measured 0.37.
+  tokens: measured 0.151 to 0.197 over 150 draws per fixture and layer, 0.146
+  to 0.247 over 3000 per layer of the split fixture, whose tail is longer (one
+  CI draw, MOE_CORE_SEED=1035704185, split layer 1: 0.272, over the old 0.25);
+  a single token spreads 0.10 to 0.27, so it is not checked against the band.
+  The gate/up ``[:, 0]`` collapse on the split fixture (64 tokens) measured
+  0.37.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from moe_core.schemes.unquantized import UnquantizedMoE
 from tests.checkpoint_oracles import BF16, CT_NVFP4, CT_SPLIT, MODELOPT, block_of, ct_decompressed, expert_weights, read_tensors
 
 BF16_OUTPUT = 4e-3
-ACTIVATION_QUANTIZATION = (0.05, 0.25)
+ACTIVATION_QUANTIZATION = (0.05, 0.30)
 BAND_TOKENS = 37
 LAYERS = (0, 1)
 FLOAT32_UNIT = 2.0**-24
