@@ -72,10 +72,9 @@ class BoundRunner(Generic[Q]):
 
     runner: Runner[Q]
     quant_info: Q
-    judge: Callable[[torch.dtype], Support] | None = attrs.field(default=None, kw_only=True)
-    """The backend's answer for this layer with hidden states of a dtype (a route binds it); None where the binder
-    asked nothing of the backend (a key's bind)."""
-    _judged: dict[torch.dtype, Support] = attrs.field(init=False, repr=False, factory=dict)
+    judge: BackendAnswer | None = attrs.field(default=None, kw_only=True)
+    """The backend's answer for this layer per hidden-states dtype (a route's or key's bind passes it); None where
+    nothing was asked of the backend."""
     _writes: tuple[tuple[str, WriteCount], ...] = attrs.field(init=False, repr=False)
     """Each tensor the quant info holds, by field path, with its write count at binding."""
     _last_output: list[weakref.ref[torch.Tensor]] = attrs.field(init=False, repr=False, factory=list)
@@ -106,15 +105,14 @@ class BoundRunner(Generic[Q]):
             self._require_supported(self.judge, dispatch.hidden_states.dtype)
         if dispatch.topk.check_values:
             check_run_values(self.runner.config, dispatch)
-        inputs = _dispatch_tensors(dispatch)
-        before = [write_count(tensor) for _, tensor in inputs]
+        inputs = _counted(_dispatch_tensors(dispatch))
         out = self.runner.run(dispatch, self.quant_info)
-        for (name, tensor), count in zip(inputs, before):
-            if write_count(tensor) != count:
-                raise RuntimeError(
-                    f"{type(self.runner).__name__}.run wrote the dispatch's {name} in place: the caller still reads "
-                    "it (a residual, a shared expert, the next layer); a runner computes into its own buffers"
-                )
+        name = _first_written(inputs)
+        if name is not None:
+            raise RuntimeError(
+                f"{type(self.runner).__name__}.run wrote the dispatch's {name} in place: the caller still reads "
+                "it (a residual, a shared expert, the next layer); a runner computes into its own buffers"
+            )
         for path, counted in self._writes:
             if counted.writes():
                 raise RuntimeError(
@@ -140,11 +138,9 @@ class BoundRunner(Generic[Q]):
         """Copies and pickles bind afresh (the copy's tensors count their own writes, from the copy on)."""
         return _bind_again, (self.runner, self.quant_info, self.judge)
 
-    def _require_supported(self, judge: Callable[[torch.dtype], Support], dtype: torch.dtype) -> None:
-        """Refuse hidden states of a dtype the backend does not take for this layer (``judge`` asked once per dtype)."""
-        verdict = self._judged.get(dtype)
-        if verdict is None:
-            verdict = self._judged[dtype] = judge(dtype)
+    def _require_supported(self, judge: BackendAnswer, dtype: torch.dtype) -> None:
+        """Refuse hidden states of a dtype the backend does not take for this layer."""
+        verdict = judge(dtype)
         if not verdict.ok:
             raise BackendSelectionError(
                 f"{type(self.runner).__name__}: its backend does not run this layer's {dtype} hidden states: "
@@ -174,19 +170,25 @@ class _Answers(Protocol):
 @final
 @attrs.frozen(eq=False)
 class BackendAnswer:
-    """A backend's answer for one layer on one device, asked per hidden-states dtype: yes where it runs the layer
-    under one of ``formats``, else the first format's reasons. A bound forward holds it (it copies and pickles where
-    the backend's own functions do)."""
+    """A backend's answer for one layer on one device, asked once per hidden-states dtype (binding asks every
+    dtype, a forward the one it is given): yes where it runs the layer under one of ``formats``, else the first
+    format's reasons. A bound forward holds it (it copies and pickles where the backend's own functions do)."""
 
     backend: _Answers
     formats: tuple[FormatInfo, ...]
     config: MoeRunnerConfig
     device: DeviceSpec
+    _verdicts: dict[torch.dtype, Support] = attrs.field(init=False, repr=False, factory=dict)
 
     def __call__(self, dtype: torch.dtype) -> Support:
+        known = self._verdicts.get(dtype)
+        if known is not None:
+            return known
         verdicts = [self.backend.supports(self.device, LayerSpec(self.config, fmt, dtype)) for fmt in self.formats]
-        return next((verdict for verdict in verdicts if verdict.ok), verdicts[0] if verdicts else Support.no(
+        verdict = next((verdict for verdict in verdicts if verdict.ok), verdicts[0] if verdicts else Support.no(
             "it registered no conversion"))
+        self._verdicts[dtype] = verdict
+        return verdict
 
 
 def _overlap(one: torch.Tensor, other: torch.Tensor) -> bool:
@@ -201,18 +203,26 @@ def _overlap(one: torch.Tensor, other: torch.Tensor) -> bool:
     return one.device == other.device and spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
 
 
-def _require_some_dtype(name: str, what: str, judge: Callable[[torch.dtype], Support]) -> None:
+def _require_some_dtype(name: str, what: str, judge: BackendAnswer) -> None:
     """Raise :class:`BackendSelectionError` with bf16's reasons where ``judge`` refuses every hidden-states dtype."""
     verdicts = [judge(dtype) for dtype in HIDDEN_DTYPES]
     if not any(verdict.ok for verdict in verdicts):
         raise BackendSelectionError(f"backend {name!r} cannot run this {what}layer: {verdicts[0].describe()}")
 
 
-def _bind_again(
-    runner: Runner[Q], quant_info: Q, judge: Callable[[torch.dtype], Support] | None
-) -> BoundRunner[Q]:
+def _bind_again(runner: Runner[Q], quant_info: Q, judge: BackendAnswer | None) -> BoundRunner[Q]:
     """A :class:`BoundRunner` rebuilt from its parts (copies and pickles)."""
     return BoundRunner(runner, quant_info, judge=judge)
+
+
+def _counted(tensors: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor, int]]:
+    """Each named tensor with its write count now, to compare after a call that must not write it."""
+    return [(name, tensor, write_count(tensor)) for name, tensor in tensors]
+
+
+def _first_written(counted: list[tuple[str, torch.Tensor, int]]) -> str | None:
+    """The name of the first tensor written in place since :func:`_counted`, or None."""
+    return next((name for name, tensor, count in counted if write_count(tensor) != count), None)
 
 
 def _dispatch_tensors(dispatch: DispatchOutput) -> list[tuple[str, torch.Tensor]]:
@@ -420,14 +430,14 @@ class Route(Generic[W, Q]):
             checked.check_layer(config)
         held = _held(type(weights).__name__, weights)
         refuse_writes_since_built(held)  # before a conversion copies them
-        counts = [(path, value, write_count(value)) for path, value in held if isinstance(value, torch.Tensor)]
+        counts = _counted([(path, value) for path, value in held if isinstance(value, torch.Tensor)])
         quant_info = self._quant_info(weights)
-        for path, tensor, count in counts:
-            if write_count(tensor) != count:
-                raise RuntimeError(
-                    f"backend {self.name!r}: its conversion wrote the {self.source.name} weights' {path} in place "
-                    "(the caller's weights, which other backends and layers may hold); a conversion builds new tensors"
-                )
+        path = _first_written(counts)
+        if path is not None:
+            raise RuntimeError(
+                f"backend {self.name!r}: its conversion wrote the {self.source.name} weights' {path} in place "
+                "(the caller's weights, which other backends and layers may hold); a conversion builds new tensors"
+            )
         return BoundRunner(create_runner(self._key, config), quant_info, judge=judge)
 
 
@@ -650,9 +660,11 @@ def create_runner(key: BackendKey[Q], config: MoeRunnerConfig) -> Runner[Q]:
         raise TypeError(f"config: expected a MoeRunnerConfig, got {type(config).__name__}")
     runner = key.factory(config)
     made: object = getattr(runner, "config", None)
-    differ = config_differences(config, made, f"{key.name!r} runner's") if isinstance(made, MoeRunnerConfig) else []
-    if not isinstance(made, MoeRunnerConfig) or differ:
-        said = "; ".join(differ) if differ else f"its config is {made!r}"
+    if isinstance(made, MoeRunnerConfig):
+        said = "; ".join(config_differences(config, made, f"{key.name!r} runner's"))
+    else:
+        said = f"its config is {made!r}"
+    if said:
         raise RuntimeError(
             f"backend {key.name!r}: its factory returned a runner for another layer than asked ({said}): a runner "
             "computes the config it is made for (a cache keyed by shapes alone hands out another layer's)"
