@@ -87,7 +87,7 @@ from moe_core.backends.triton.quant_info import (  # noqa: E402
     TritonMxfp4W4A16Weights,
     TritonNvfp4W4A16Weights,
 )
-from moe_core.backends.triton.plans import Mxfp4W4A16Plan, Nvfp4W4A16Plan, W4A16Path  # noqa: E402
+from moe_core.backends.triton.plans import DensePlan, Mxfp4W4A16Plan, Nvfp4W4A16Plan, W4A16Path  # noqa: E402
 from moe_core.backends.triton.runner import TritonRunner  # noqa: E402
 from moe_core.formats.fp8_block.weights import fp8_block_size_refusal  # noqa: E402
 from moe_core.formats.mxfp4 import Mxfp4MoeWeights  # noqa: E402
@@ -418,13 +418,15 @@ def issue_us(fn: Forward, calls: int = 100) -> float:
 
 
 def host_overhead(gen: torch.Generator) -> dict[str, float]:
-    """Eager wall time of one T=1 call minus its graph-replay time (Mixtral shape, bf16), and what the host spends.
+    """Eager wall time of one T=1 call minus its graph-replay time (Mixtral shape, bf16), and what the host spends,
+    side by side: the runner (its memo launches the kept binaries directly) and the same launches bound by Triton.
 
-    ``issue_us``: host time per ``runner.run`` issued back to back;
-    ``sort_issue_us``: the token sort's share; ``launch_issue_us``: one
-    Triton launch (the combine kernel), the floor of each of the six.
+    ``issue_us``: host time per ``runner.run`` issued back to back (``_through_triton``: the same forward with every
+    launch bound by Triton); ``sort_issue_us``: the token sort's share; ``launch_issue_us``: one Triton launch (the
+    combine kernel) bound by Triton.
     """
     from moe_core.backends.triton.kernels import combine_kernel
+    from moe_core.backends.triton.launch import fused_moe
     from moe_core.backends.triton.sorting import sort_tokens
 
     experts, top_k, hidden, inter = SHAPES["mixtral"]
@@ -434,15 +436,23 @@ def host_overhead(gen: torch.Generator) -> dict[str, float]:
     x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
     topk = select_experts(torch.randn(1, experts, device="cuda"), config)
     dispatch = StandardDispatchOutput(x, TopKOutput(topk.topk_ids, topk.topk_weights, num_experts=experts, check_values=False))
+    launches = DensePlan().launches(config, dispatch, dense)
+
+    def through_triton() -> torch.Tensor:
+        return fused_moe(config, dispatch, launches.w13, launches.w2, launches.inputs)
+
+    def eager_ms(fn: Forward) -> float:
+        times = []
+        for _ in range(200):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+
     replay = median_ms(lambda: runner.run(dispatch, dense), graph=True)
-    eager = []
-    for _ in range(200):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        runner.run(dispatch, dense)
-        torch.cuda.synchronize()
-        eager.append((time.perf_counter() - start) * 1e3)
-    median = statistics.median(eager)
+    median, median_triton = eager_ms(lambda: runner.run(dispatch, dense)), eager_ms(through_triton)
     down = torch.empty((top_k, hidden), device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(x)
 
@@ -452,7 +462,9 @@ def host_overhead(gen: torch.Generator) -> dict[str, float]:
 
     return {
         "eager_ms": median, "graph_ms": replay, "host_us": (median - replay) * 1e3,
+        "eager_ms_through_triton": median_triton, "host_us_through_triton": (median_triton - replay) * 1e3,
         "issue_us": issue_us(lambda: runner.run(dispatch, dense)),
+        "issue_us_through_triton": issue_us(through_triton),
         "sort_issue_us": issue_us(lambda: sort_tokens(topk.topk_ids, experts, 0, 16).sorted_ids),
         "launch_issue_us": issue_us(one_launch),
     }

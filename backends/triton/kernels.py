@@ -1,6 +1,6 @@
 """The Triton kernels (Triton's language, not typed Python): token sorting, the grouped GEMM, the combine.
 
-Only this module imports Triton; :mod:`.sorting` and :mod:`.runner` launch
+Only this module and :mod:`.launcher` (which launches compiled binaries) import Triton; :mod:`.sorting` and :mod:`.runner` launch
 these kernels. mypy checks it without the typed-definition rules
 (``mypy.ini``): Triton's language has no Python types.
 

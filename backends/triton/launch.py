@@ -11,12 +11,14 @@ host: a forward captures in a CUDA graph.
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol, final
 
 import attrs
 import torch
 
 from moe_core import Activation, ClampedSwiglu, DispatchOutput, GateClamp, LimitedSwiglu, MoeRunnerConfig
+from moe_core.config import ExpertActivation
 from moe_core.backends.triton.configs import KernelConfig
 from moe_core.backends.triton.kernels import (
     CLAMPED_SWIGLU,
@@ -31,6 +33,7 @@ from moe_core.backends.triton.kernels import (
     dequantize_nvfp4_kernel,
     moe_gemm_kernel,
 )
+from moe_core.backends.triton.launcher import THROUGH_TRITON, Launcher, LaunchSite, direct_launches
 from moe_core.backends.triton.quant_info import Fp8Activations, StaticFp8Activations
 from moe_core.backends.triton.quantize import LocalPairs, quantize_fp8_groups, quantize_fp8_rows
 from moe_core.backends.triton.sorting import SortedTokens, cdiv, next_power_of_2, sort_tokens
@@ -237,22 +240,27 @@ class Epilogue:
     @classmethod
     def of(cls, config: MoeRunnerConfig) -> Epilogue:
         """The epilogue of ``config``'s activation."""
-        activation = config.activation
-        if isinstance(activation, ClampedSwiglu):
-            return cls(CLAMPED_SWIGLU, alpha=float(activation.alpha), limit=float(activation.limit))
-        if isinstance(activation, LimitedSwiglu):
-            before = activation.gate_clamp is GateClamp.BEFORE_SILU
-            return cls(LIMITED_SWIGLU if before else LIMITED_SWIGLU_AFTER_SILU, limit=float(activation.limit))
-        if activation is Activation.RELU2:
-            return cls(SILU, relu2=True)
-        codes = {Activation.SILU_GATED: SILU, Activation.GELU_GATED: GELU, Activation.GELU_TANH_GATED: GELU_TANH}
-        return cls(codes[activation])
+        return _epilogue(config.activation)
+
+
+@functools.lru_cache(maxsize=64)
+def _epilogue(activation: ExpertActivation) -> Epilogue:
+    """:meth:`Epilogue.of` an activation, worked out once per activation (every forward asks)."""
+    if isinstance(activation, ClampedSwiglu):
+        return Epilogue(CLAMPED_SWIGLU, alpha=float(activation.alpha), limit=float(activation.limit))
+    if isinstance(activation, LimitedSwiglu):
+        before = activation.gate_clamp is GateClamp.BEFORE_SILU
+        return Epilogue(LIMITED_SWIGLU if before else LIMITED_SWIGLU_AFTER_SILU, limit=float(activation.limit))
+    if activation is Activation.RELU2:
+        return Epilogue(SILU, relu2=True)
+    codes = {Activation.SILU_GATED: SILU, Activation.GELU_GATED: GELU, Activation.GELU_TANH_GATED: GELU_TANH}
+    return Epilogue(codes[activation])
 
 
 def launch(
     a: torch.Tensor, gemm: Gemm, out: torch.Tensor, topk_weights: torch.Tensor, sorted_tokens: SortedTokens,
     top_k: int, first: bool, epilogue: Epilogue, a_scales: torch.Tensor | None = None,
-    out_scale: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None, launcher: Launcher = THROUGH_TRITON,
 ) -> None:
     """Launch the grouped GEMM: the ``first`` (its rows tokens, ``epilogue``'s activation: gated, or ReLU^2 of a
     non-gated ``B``) or the second (weighted by the top-k weights); ``gemm.bias`` added to the accumulator.
@@ -264,13 +272,9 @@ def launch(
     ops = gemm.weights.kernel_operands(a.dtype)
     if ops.takes_fp8_inputs and a_scales is None:
         raise ValueError("launch: FP8 weights need the scales of their FP8 input rows")
-    config = gemm.config
-    grid = (sorted_tokens.max_blocks * cdiv(gemm.n, config.block_n),)
     b, scales, dequant = ops.b, ops.b_scales, ops.dequant
-    gated, relu2 = first and not epilogue.relu2, first and epilogue.relu2
-    gate = epilogue if gated else Epilogue(SILU)  # only a gated epilogue reads them: one variant of the others
     bias = gemm.bias
-    moe_gemm_kernel[grid](
+    args = (
         a, b, b if scales is None else scales, topk_weights if dequant is None else dequant,
         out, topk_weights, sorted_tokens.sorted_ids, sorted_tokens.expert_ids, sorted_tokens.num_rows,
         topk_weights if a_scales is None else a_scales, topk_weights if out_scale is None else out_scale,
@@ -281,15 +285,25 @@ def launch(
         dequant.stride(1) if dequant is not None and dequant.dim() > 1 else 0,
         a_scales.stride(0) if a_scales is not None and a_scales.shape[0] > 1 else 0, out.stride(0),
         topk_weights if bias is None else bias, 0 if bias is None else bias.stride(0),
-        GATED=gated, NVFP4=ops.nvfp4, EXPERT_SCALES=ops.expert_scales,
-        FP8=ops.fp8, FP8_BLOCKS=ops.fp8_blocks, OUT_FP8=out_scale is not None,
-        PROMOTE=ops.promote,
-        ACTIVATION=gate.activation,
-        UPCAST=INTERPRETED,
-        BIAS=bias is not None, RELU2=relu2, ALPHA=gate.alpha, LIMIT=gate.limit, MXFP4=ops.mxfp4,
-        EVEN_K=gemm.k % config.block_k == 0, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
     )
+
+    def statics() -> tuple[tuple[int], dict[str, object]]:
+        config = gemm.config
+        gated, relu2 = first and not epilogue.relu2, first and epilogue.relu2
+        gate = epilogue if gated else Epilogue(SILU)  # only a gated epilogue reads them: one variant of the others
+        grid = (sorted_tokens.max_blocks * cdiv(gemm.n, config.block_n),)
+        return grid, dict(
+            GATED=gated, NVFP4=ops.nvfp4, EXPERT_SCALES=ops.expert_scales,
+            FP8=ops.fp8, FP8_BLOCKS=ops.fp8_blocks, OUT_FP8=out_scale is not None,
+            PROMOTE=ops.promote,
+            ACTIVATION=gate.activation,
+            UPCAST=INTERPRETED,
+            BIAS=bias is not None, RELU2=relu2, ALPHA=gate.alpha, LIMIT=gate.limit, MXFP4=ops.mxfp4,
+            EVEN_K=gemm.k % config.block_k == 0, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+            BLOCK_K=config.block_k, GROUP_M=config.group_m, num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+
+    launcher("w13" if first else "w2", moe_gemm_kernel, args, statics)
 
 
 @final
@@ -327,32 +341,43 @@ def quantize_gated(
 
 
 def fused_moe(
-    config: MoeRunnerConfig, dispatch: DispatchOutput, w13: Gemm, w2: Gemm, fp8: Fp8Inputs = None
+    config: MoeRunnerConfig, dispatch: DispatchOutput, w13: Gemm, w2: Gemm, fp8: Fp8Inputs = None,
+    sites: dict[str, LaunchSite] | None = None,
 ) -> torch.Tensor:
     """Sort, ``act(x @ w13.T)``, ``@ w2.T`` times the top-k weights, and the combine.
 
     With ``fp8`` (W8A8) each GEMM input is quantized first: statically (the
     first GEMM writes the gated activation in E4M3), per row, or per row and
-    128-column group.
+    128-column group. ``sites``: a memo's launch sites for this token count,
+    dtypes and weights (:mod:`.launcher`), which launch their kept binaries
+    where the caller's tensors allow.
     """
-    hidden = dispatch.hidden_states
+    hidden = dispatch.hidden_states.contiguous()
     ids, weights = dispatch.topk.topk_ids.contiguous(), dispatch.topk.topk_weights.contiguous()  # the kernels index both flat
     tokens, top_k = ids.shape
-    sorted_tokens = sort_tokens(ids, config.num_local_experts, config.local_expert_offset, w13.config.block_m)
+    launcher = THROUGH_TRITON
+    if sites is not None:
+        # a one-row view's stride is the caller's: the kernels' binaries are specialized on it
+        direct = hidden.stride(0) == hidden.shape[1] and direct_launches((hidden, ids, weights))
+        launcher = Launcher(sites, direct)
+    sorted_tokens = sort_tokens(ids, config.num_local_experts, config.local_expert_offset, w13.config.block_m, launcher)
     epilogue = Epilogue.of(config)
     static = fp8 if isinstance(fp8, StaticFp8Activations) else None
-    x, x_scales = quantize_hidden(hidden.contiguous(), fp8)
+    x, x_scales = quantize_hidden(hidden, fp8)
     inter_dtype = torch.float8_e4m3fn if static is not None else hidden.dtype
     inter = torch.empty((tokens * top_k, w13.n), dtype=inter_dtype, device=hidden.device)
     out_scale = None if static is None else static.w2_input_scale.value
-    launch(x, w13, inter, weights, sorted_tokens, top_k, True, epilogue, x_scales, out_scale)
+    launch(x, w13, inter, weights, sorted_tokens, top_k, True, epilogue, x_scales, out_scale, launcher)
     inter, inter_scales = quantize_gated(inter, fp8, config, ids)
     down = torch.empty((tokens * top_k, w2.n), dtype=hidden.dtype, device=hidden.device)
-    launch(inter, w2, down, weights, sorted_tokens, top_k, False, epilogue, inter_scales)
+    launch(inter, w2, down, weights, sorted_tokens, top_k, False, epilogue, inter_scales, launcher=launcher)
     out = torch.empty_like(hidden, memory_format=torch.contiguous_format)
-    grid = (tokens, cdiv(w2.n, COMBINE_BLOCK))
-    combine_kernel[grid](
-        down, ids, out, w2.n, top_k, config.local_expert_offset, config.num_local_experts,
-        config.routed_scaling_factor, down.stride(0), out.stride(0), BLOCK_H=COMBINE_BLOCK,
+    launcher(
+        "combine", combine_kernel,
+        (
+            down, ids, out, w2.n, top_k, config.local_expert_offset, config.num_local_experts,
+            config.routed_scaling_factor, down.stride(0), out.stride(0),
+        ),
+        lambda: ((tokens, cdiv(w2.n, COMBINE_BLOCK)), dict(BLOCK_H=COMBINE_BLOCK)),
     )
     return out

@@ -5,10 +5,17 @@ type ``Q`` (:mod:`.plans`: one plan per weight format). ``run`` checks the
 dispatch and quant info from metadata only, allocates its buffers from the
 caching allocator and reads nothing back to the host, so a forward can be
 captured in a CUDA graph and replayed.
+
+What a forward launches depends only on the weights, the token count, the
+dtypes and the device: the runner keeps it per quant info (while that
+lives) and key (:class:`ForwardMemo`), with each kernel's launch site, so a
+repeated forward (decode) skips the plan and Triton's per-launch binding.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Generic, TypeVar, final
 
 import attrs
@@ -16,10 +23,59 @@ import torch
 
 from moe_core import DispatchFormat, DispatchOutput, MoeRunnerConfig, check_run_inputs
 from moe_core.backends.triton.launch import fused_moe
-from moe_core.backends.triton.plans import TritonPlan
+from moe_core.backends.triton.launcher import LaunchSite
+from moe_core.backends.triton.plans import Launches, TritonPlan
 from moe_core.runner import QuantInfo
 
 Q = TypeVar("Q", bound=QuantInfo)
+
+ForwardKey = tuple[int, torch.dtype, torch.device, torch.dtype, torch.dtype]
+"""Tokens, the hidden states' dtype and device, the top-k ids' and weights' dtypes."""
+
+
+@final
+class ForwardMemo:
+    """Each quant info's launches and launch sites per :data:`ForwardKey`, while the quant info lives.
+
+    At most :attr:`LIMIT` keys per quant info (the oldest goes first): an
+    engine's eager prefill meets many token counts. A copy starts empty.
+    """
+
+    LIMIT = 64
+    __slots__ = ("_by_weights",)
+
+    def __init__(self) -> None:
+        self._by_weights: weakref.WeakKeyDictionary[object, dict[ForwardKey, tuple[Launches, dict[str, LaunchSite]]]]
+        self._by_weights = weakref.WeakKeyDictionary()
+
+    def __reduce__(self) -> tuple[type[ForwardMemo], tuple[()]]:
+        """Copies and pickles start empty (launch sites hold compiled binaries)."""
+        return ForwardMemo, ()
+
+    def forward(
+        self, quant_info: object, dispatch: DispatchOutput, plan: Callable[[], Launches]
+    ) -> tuple[Launches, dict[str, LaunchSite] | None]:
+        """The launches of ``dispatch`` on ``quant_info`` (``plan`` makes them once per key) and their sites; no sites
+        for a quant info that cannot be weakly referenced (none is kept for it)."""
+        hidden, topk = dispatch.hidden_states, dispatch.topk
+        key = (int(hidden.shape[0]), hidden.dtype, hidden.device, topk.topk_ids.dtype, topk.topk_weights.dtype)
+        try:
+            forwards = self._by_weights.get(quant_info)
+        except TypeError:
+            return plan(), None
+        if forwards is None:
+            forwards = self._by_weights[quant_info] = {}
+        found = forwards.get(key)
+        if found is None:
+            if len(forwards) >= self.LIMIT:
+                del forwards[next(iter(forwards))]
+            found = forwards[key] = (plan(), {})
+        return found
+
+    def sites(self, quant_info: object) -> list[LaunchSite]:
+        """Every launch site kept for ``quant_info`` (benchmarks and tests read whether they launch directly)."""
+        forwards = self._by_weights.get(quant_info, {})
+        return [site for _, sites in forwards.values() for site in sites.values()]
 
 
 @final
@@ -29,6 +85,8 @@ class TritonRunner(Generic[Q]):
 
     config: MoeRunnerConfig
     plan: TritonPlan[Q]
+    memo: ForwardMemo = attrs.field(init=False, factory=ForwardMemo, eq=False, repr=False)
+    """The forwards launched so far, per quant info."""
 
     def __attrs_post_init__(self) -> None:
         """Refuse what no plan computes, for runners made by key (``create_runner``, ``key.bind``), which selection's
@@ -43,5 +101,7 @@ class TritonRunner(Generic[Q]):
         """The ``[T, H]`` MoE output in the activations' dtype."""
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
         self.plan.check(self.config, quant_info)
-        launches = self.plan.launches(self.config, dispatch, quant_info)
-        return fused_moe(self.config, dispatch, launches.w13, launches.w2, launches.inputs)
+        launches, sites = self.memo.forward(
+            quant_info, dispatch, lambda: self.plan.launches(self.config, dispatch, quant_info)
+        )
+        return fused_moe(self.config, dispatch, launches.w13, launches.w2, launches.inputs, sites)

@@ -16,12 +16,14 @@ scatter that places every pair in its expert's range.
 
 from __future__ import annotations
 
+import functools
 from typing import final
 
 import attrs
 import torch
 
 from moe_core.backends.triton.kernels import count_kernel, scan_kernel, scatter_kernel, sort_one_program_kernel
+from moe_core.backends.triton.launcher import THROUGH_TRITON, Launcher
 
 CHUNK = 1024
 """(token, slot) pairs per program in the count and scatter kernels."""
@@ -73,24 +75,37 @@ def max_rows(num_pairs: int, num_local_experts: int, block_m: int) -> int:
     return cdiv(num_pairs + num_local_experts * (block_m - 1), block_m) * block_m
 
 
-def sort_tokens(topk_ids: torch.Tensor, num_local_experts: int, local_expert_offset: int, block_m: int) -> SortedTokens:
+@functools.lru_cache(maxsize=1024)
+def _sizes(numel: int, num_local_experts: int, block_m: int) -> tuple[int, int, int, int]:
+    """The padded rows, their blocks, the histogram's bins and the blocks the scan takes per step (every forward of a
+    token count asks the same)."""
+    rows = max_rows(numel, num_local_experts, block_m)
+    blocks = rows // block_m
+    bins = next_power_of_2(num_local_experts + 1)
+    return rows, blocks, bins, max(1, min(1024, next_power_of_2(blocks), STEP_ELEMENTS // bins))
+
+
+def sort_tokens(
+    topk_ids: torch.Tensor, num_local_experts: int, local_expert_offset: int, block_m: int,
+    launcher: Launcher = THROUGH_TRITON,
+) -> SortedTokens:
     """Group ``topk_ids [T, K]`` (global ids) by this rank's experts, each group padded to ``block_m`` rows."""
     ids = topk_ids.reshape(-1)
     numel = ids.numel()
     device = ids.device
-    rows = max_rows(numel, num_local_experts, block_m)
-    blocks = rows // block_m
-    bins = next_power_of_2(num_local_experts + 1)
+    rows, blocks, bins, blocks_per_step = _sizes(numel, num_local_experts, block_m)
     sorted_ids = torch.empty(rows, dtype=torch.int32, device=device)
     expert_ids = torch.empty(blocks, dtype=torch.int32, device=device)
     total = torch.empty(1, dtype=torch.int32, device=device)
-    blocks_per_step = max(1, min(1024, next_power_of_2(blocks), STEP_ELEMENTS // bins))
     if numel <= ONE_PROGRAM_PAIRS:
         cursors = torch.empty(bins, dtype=torch.int32, device=device)
-        sort_one_program_kernel[(1,)](
-            ids, cursors, sorted_ids, expert_ids, total, numel, local_expert_offset, num_local_experts, rows, blocks,
-            BLOCK_M=block_m, BINS=bins, PAIRS=next_power_of_2(numel), ROWS=min(4096, next_power_of_2(rows)),
-            BLOCKS=blocks_per_step,
+        launcher(
+            "sort", sort_one_program_kernel,
+            (ids, cursors, sorted_ids, expert_ids, total, numel, local_expert_offset, num_local_experts, rows, blocks),
+            lambda: ((1,), dict(
+                BLOCK_M=block_m, BINS=bins, PAIRS=next_power_of_2(numel), ROWS=min(4096, next_power_of_2(rows)),
+                BLOCKS=blocks_per_step,
+            )),
         )
         return SortedTokens(sorted_ids, expert_ids, total, block_m)
     counts = torch.zeros(bins, dtype=torch.int32, device=device)
@@ -98,9 +113,16 @@ def sort_tokens(topk_ids: torch.Tensor, num_local_experts: int, local_expert_off
     cursors = torch.zeros(bins, dtype=torch.int32, device=device)
     sorted_ids.fill_(numel)
     chunks = (cdiv(numel, CHUNK),)
-    count_kernel[chunks](ids, counts, numel, local_expert_offset, num_local_experts, CHUNK=CHUNK, BINS=bins)
-    scan_kernel[(1,)](
-        counts, starts, expert_ids, total, num_local_experts, blocks, BLOCK_M=block_m, BINS=bins, BLOCKS=blocks_per_step,
+    launcher(
+        "count", count_kernel, (ids, counts, numel, local_expert_offset, num_local_experts),
+        lambda: (chunks, dict(CHUNK=CHUNK, BINS=bins)),
     )
-    scatter_kernel[chunks](ids, starts, cursors, sorted_ids, numel, local_expert_offset, num_local_experts, CHUNK=CHUNK)
+    launcher(
+        "scan", scan_kernel, (counts, starts, expert_ids, total, num_local_experts, blocks),
+        lambda: ((1,), dict(BLOCK_M=block_m, BINS=bins, BLOCKS=blocks_per_step)),
+    )
+    launcher(
+        "scatter", scatter_kernel, (ids, starts, cursors, sorted_ids, numel, local_expert_offset, num_local_experts),
+        lambda: (chunks, dict(CHUNK=CHUNK)),
+    )
     return SortedTokens(sorted_ids, expert_ids, total, block_m)
