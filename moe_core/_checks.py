@@ -207,17 +207,35 @@ def _in_larger_buffer(tensor: torch.Tensor) -> bool:
     return tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size()
 
 
-def _fingerprint(tensor: torch.Tensor) -> tuple[int, int] | None:
-    """Two sums over a contiguous tensor's bytes, plain and position-weighted (a different layer's weights, or the
-    same bytes moved, change them); None where the values cannot be read or the bytes are not in one run."""
-    if not values_readable(tensor) or not tensor.is_contiguous() or tensor.numel() == 0:
+FINGERPRINT_PERIOD = 65521
+"""The position weights of a fingerprint repeat every this many bytes (a prime): blocks swapped a multiple of it
+apart keep the weighted sum. Whole experts or rows of a real layer are never that far apart in a multiple (an
+expert's bytes are not a multiple of this prime); with 251 before, experts 251 apart were (256 experts)."""
+
+
+def _byte_span(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The bytes of storage from ``tensor``'s first element to its last, as one contiguous uint8 tensor (a transpose
+    or other permutation of a contiguous block spans exactly its own bytes); None for negative strides."""
+    if any(stride < 0 for stride in tensor.stride()):
         return None
-    flat = tensor.reshape(-1).view(torch.uint8)
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    span = torch.as_strided(tensor, (last + 1,), (1,), tensor.storage_offset())
+    return span.view(torch.uint8)
+
+
+def _fingerprint(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """Two sums over the bytes a tensor spans (:func:`_byte_span`), plain and position-weighted (a different layer's
+    weights, or the same bytes moved, change them); None where the values cannot be read."""
+    if not values_readable(tensor) or tensor.numel() == 0:
+        return None
+    flat = _byte_span(tensor)
+    if flat is None:
+        return None
     total = torch.zeros((), dtype=torch.int64, device=flat.device)
     weighted = torch.zeros((), dtype=torch.int64, device=flat.device)
     for start in range(0, flat.numel(), FINGERPRINT_CHUNK):
         chunk = flat[start : start + FINGERPRINT_CHUNK].to(torch.int64)
-        places = torch.arange(start, start + chunk.numel(), device=flat.device) % 251 + 1
+        places = torch.arange(start, start + chunk.numel(), device=flat.device) % FINGERPRINT_PERIOD + 1
         total += chunk.sum()
         weighted += (chunk * places).sum()
     return int(total), int(weighted)

@@ -890,6 +890,44 @@ def test_a_deep_copy_of_a_built_layer_runs(gen: torch.Generator) -> None:
     torch.testing.assert_close(copy.deepcopy(layer)(x), layer(x), rtol=0, atol=0)
 
 
+def test_transposed_slices_of_one_buffer_survive_writes_into_the_other_slices(gen: torch.Generator) -> None:
+    """A correct program refused (adversarial pass 6, c08): the down projections kept as ``[L, E, I, H]`` and bound
+    as each layer's ``transpose(1, 2)``, which is not contiguous, so it was not fingerprinted and the next layer's
+    fill refused it. A permuted view is fingerprinted over the bytes it spans."""
+    layers, config = 2, _config()
+    w13, down = torch.empty(layers, E, 2 * I, H), torch.empty(layers, E, I, H)
+    built = []
+    for layer in range(layers):
+        w13[layer].copy_(torch.randn(E, 2 * I, H, generator=gen) / 6)
+        down[layer].copy_(torch.randn(E, I, H, generator=gen) / 4)
+        weights = DenseMoeWeights(w13=w13[layer], w2=down[layer].transpose(1, 2))
+        built.append(dense_layer(config, Router(weight=torch.randn(E, H, generator=gen)), weights, dtype=torch.float32))
+    x = torch.randn(6, H, generator=gen)
+    built[0](x)
+    down[0, 3, 1].mul_(2.0)
+    with pytest.raises(RuntimeError, match=r"\.w2: written in place after its weights were built"):
+        built[0](x)
+
+
+def test_experts_swapped_far_apart_in_a_buffer_are_refused(gen: torch.Generator) -> None:
+    """Silent (adversarial pass 6, c19): an expert-load balancer swapped experts 2 and 253 of a bound layer in place in
+    a buffer of two layers; the fingerprint's position weights repeated every 251 bytes, so the two experts' bytes,
+    251 experts apart, kept both sums and the layer ran the swapped experts. They repeat every 65521 bytes now."""
+    experts, layers = 256, 2
+    config = MoeRunnerConfig(num_experts=experts, hidden_size=8, intermediate_size_per_partition=4, top_k=2)
+    w13 = torch.randn(layers, experts, 8, 8, generator=gen)
+    w2 = torch.randn(layers, experts, 8, 4, generator=gen)
+    layer = dense_layer(config, Router(weight=torch.randn(experts, 8, generator=gen)),
+                        DenseMoeWeights(w13=w13[0], w2=w2[0]), dtype=torch.float32)
+    x = torch.randn(4, 8, generator=gen)
+    layer(x)
+    w13[1].mul_(1.0)  # the other layer's slice: the shared counter moves, this layer's bytes stay
+    layer(x)
+    w13[0, [2, 253]] = w13[0, [253, 2]].clone()
+    with pytest.raises(RuntimeError, match=r"\.w13: written in place after its weights were built"):
+        layer(x)
+
+
 def test_layers_built_from_slices_of_one_buffer_survive_writes_into_the_other_slices(gen: torch.Generator) -> None:
     """A correct program refused: an engine keeps every layer's weights and router in one buffer ``[L, ...]`` and
     fills it a layer at a time; each write bumped the whole buffer's write counter, so every layer built before the
