@@ -246,17 +246,21 @@ class WriteCount:
     is shared by the whole buffer, so a count that moved is checked against the contents before it says the tensor
     was written."""
 
-    __slots__ = ("count", "fingerprint", "tensor")
+    __slots__ = ("count", "fingerprint", "pointer", "tensor")
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
+        self.pointer = tensor.data_ptr()
         self.count = write_count(tensor)
         self.fingerprint = _fingerprint(tensor) if self.count >= 0 and _in_larger_buffer(tensor) else None
 
     def writes(self) -> int:
         """In-place writes into the tensor since then (its counter's moves; 0 where they were writes into other parts
-        of its buffer, which left its own contents as they were)."""
+        of its buffer, which left its own contents as they were); at least 1 where the tensor now addresses other
+        memory (``set_``, ``torch.utils.swap_tensors``), whatever its counter says."""
         now = write_count(self.tensor)
+        if self.tensor.data_ptr() != self.pointer:
+            return max(now - self.count, 1)
         if now == self.count:
             return 0
         if self.fingerprint is not None and _fingerprint(self.tensor) == self.fingerprint:

@@ -24,6 +24,7 @@ with its reason.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 import re
@@ -77,8 +78,6 @@ class BoundRunner(Generic[Q]):
     nothing was asked of the backend."""
     _writes: tuple[tuple[str, WriteCount], ...] = attrs.field(init=False, repr=False)
     """Each tensor the quant info holds, by field path, with its write count at binding."""
-    _last_output: list[weakref.ref[torch.Tensor]] = attrs.field(init=False, repr=False, factory=list)
-    """The previous call's output while the caller holds it: a runner must not hand back its storage again."""
 
     def __attrs_post_init__(self) -> None:
         check_quant_info_sizes(self.runner.config, self.quant_info)
@@ -148,15 +147,34 @@ class BoundRunner(Generic[Q]):
             )
 
     def _require_fresh_output(self, out: torch.Tensor) -> None:
-        """Refuse an output in the storage of the previous one while the caller still holds that (a runner's reused
-        workspace: the earlier result would change under its holder, e.g. a pipelined engine's other micro-batch)."""
-        previous = self._last_output[0]() if self._last_output else None
-        if previous is not None and _overlap(out, previous):
+        """Refuse an output in the memory of an earlier one, of any bound forward, that the caller still holds: that
+        result would change under its holder (a runner's reused workspace, or one shared by layers: a residual, a
+        pipelined engine's other micro-batch)."""
+        held = _held_outputs(out)
+        if held is not None:
             raise RuntimeError(
-                f"{type(self.runner).__name__}.run returned memory of its previous output, which the caller still "
-                "holds: that result is overwritten (a reused output workspace); a runner returns a new tensor per call"
+                f"{type(self.runner).__name__}.run returned memory of an earlier output ({held}), which the caller "
+                "still holds: that result is overwritten (a reused output workspace); a runner returns a new tensor "
+                "per call"
             )
-        self._last_output[:] = [weakref.ref(out)]
+
+
+_OUTPUTS: list[tuple[weakref.ref[torch.Tensor], str]] = []
+"""The outputs bound forwards have returned, while their holders keep them (the newest :data:`OUTPUTS_WATCHED`)."""
+
+OUTPUTS_WATCHED = 64
+"""How many live outputs a new one is compared with: the newest, where an engine holds more."""
+
+
+def _held_outputs(out: torch.Tensor) -> str | None:
+    """Which live earlier output (its shape and dtype) ``out``'s memory overlaps, or None; ``out`` is then watched."""
+    alive = [(ref, held) for ref, held in _OUTPUTS if ref() is not None][-(OUTPUTS_WATCHED - 1):]
+    for ref, held in alive:
+        earlier = ref()
+        if earlier is not None and _overlap(out, earlier):
+            return held
+    _OUTPUTS[:] = [*alive, (weakref.ref(out), f"{tuple(out.shape)} {out.dtype}")]
+    return None
 
 
 class _Answers(Protocol):
@@ -233,15 +251,18 @@ def _dispatch_tensors(dispatch: DispatchOutput) -> list[tuple[str, torch.Tensor]
 
 
 def _held(path: str, value: object) -> list[tuple[str, object]]:
-    """``value`` and what it holds through attrs fields, tuples and lists, each with its path from ``path``."""
+    """``value`` and what it holds through attrs or dataclass fields, tuples and lists, each with its path from
+    ``path``."""
     if isinstance(value, (tuple, list)):
         return [found for index, item in enumerate(value) for found in _held(f"{path}[{index}]", item)]
     kind = type(value)
-    if not attrs.has(kind):
+    if attrs.has(kind):
+        names = [field.name for field in attrs.fields(kind)]
+    elif dataclasses.is_dataclass(kind):
+        names = [field.name for field in dataclasses.fields(kind)]
+    else:
         return [(path, value)]
-    return [(path, value)] + [
-        found for field in attrs.fields(kind) for found in _held(f"{path}.{field.name.lstrip('_')}", getattr(value, field.name))
-    ]
+    return [(path, value)] + [found for name in names for found in _held(f"{path}.{name.lstrip('_')}", getattr(value, name))]
 
 
 def refuse_writes_since_built(held: list[tuple[str, object]]) -> None:

@@ -10,6 +10,7 @@ the right answer against an independent computation.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Callable
 import shutil
@@ -763,7 +764,7 @@ def test_a_runner_that_returns_its_previous_output_storage_is_named(gen: torch.G
                for x in torch.randn(2, 6, H, generator=gen)]
     forward = BoundRunner(_WorkspaceRunner(config, torch.empty(8, H)), weights)
     first = forward(batches[0])
-    with pytest.raises(RuntimeError, match=r"_WorkspaceRunner\.run returned memory of its previous output"):
+    with pytest.raises(RuntimeError, match=r"_WorkspaceRunner\.run returned memory of an earlier output"):
         forward(batches[1])
     del first
     forward(batches[1])
@@ -776,6 +777,105 @@ def test_a_runner_that_returns_its_previous_output_storage_is_named(gen: torch.G
     ours = REFERENCE_DENSE.bind(config, weights)
     kept = [ours(batch) for batch in batches]  # ours allocate per call: both held, both right
     torch.testing.assert_close(kept[0], ours(batches[0]), rtol=0, atol=0)
+
+
+@attrs.frozen(eq=False)
+class _RingRunner:
+    """A plugin's runner that returns one of ``slots`` output workspaces in turn (an engine that holds more outputs
+    than the ring has slots finds an old one overwritten)."""
+
+    config: MoeRunnerConfig
+    slots: torch.Tensor
+    calls: list[int] = attrs.field(factory=list)
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        self.calls.append(0)
+        slot = self.slots[len(self.calls) % self.slots.shape[0]]
+        return slot.copy_(REFERENCE_DENSE.factory(self.config).run(dispatch, quant_info))
+
+
+def test_a_ring_of_workspaces_shorter_than_the_outputs_held_is_named(gen: torch.Generator) -> None:
+    """Silent (adversarial pass 6, c09): a runner's ring of two output workspaces, an engine holding three outputs;
+    only the previous output was compared, so the third call overwrote the first, 1.64 off. Every output still held
+    is compared now."""
+    config, weights = _config(), _weights(gen)
+    batches = [StandardDispatchOutput(x, select_experts(torch.randn(6, E, generator=gen), config))
+               for x in torch.randn(3, 6, H, generator=gen)]
+    forward = BoundRunner(_RingRunner(config, torch.empty(2, 6, H)), weights)
+    held = [forward(batches[0]), forward(batches[1])]
+    with pytest.raises(RuntimeError, match=r"_RingRunner\.run returned memory of an earlier output"):
+        forward(batches[2])
+    held.clear()  # the engine let them go: the ring's slots may come back
+    forward(batches[2])
+
+
+def test_a_workspace_shared_by_two_layers_is_named(gen: torch.Generator) -> None:
+    """Silent (adversarial pass 6, c10): one module-level output workspace used by every layer's runner; layer A's
+    output, kept as the residual, was overwritten by layer B's, 1.72 off. Outputs are compared across bound forwards."""
+    config, workspace = _config(), torch.empty(8, H)
+    layer_a = BoundRunner(_WorkspaceRunner(config, workspace), _weights(gen))
+    layer_b = BoundRunner(_WorkspaceRunner(config, workspace), _weights(gen))
+    x = torch.randn(6, H, generator=gen)
+    dispatch = StandardDispatchOutput(x, select_experts(torch.randn(6, E, generator=gen), config))
+    residual = layer_a(dispatch)
+    with pytest.raises(RuntimeError, match=r"returned memory of an earlier output \(\(6, 32\) torch\.float32\)"):
+        layer_b(dispatch)
+    del residual
+
+
+def test_a_staging_tensor_swapped_for_another_is_named(gen: torch.Generator) -> None:
+    """Silent (adversarial pass 6, c07): ``torch.utils.swap_tensors(staging, fresh)`` after binding, where ``fresh``
+    had seen as many writes as ``staging``: the counter did not move and the layer ran ``fresh``'s weights, 1.36 off.
+    A tensor that addresses other memory than at binding counts as written."""
+    config = _config()
+    staging = torch.empty(E, 2 * I, H)
+    staging.copy_(torch.randn(E, 2 * I, H, generator=gen))
+    forward = REFERENCE_DENSE.bind(config, DenseMoeWeights(w13=staging, w2=torch.randn(E, H, I, generator=gen)))
+    dispatch = StandardDispatchOutput(torch.randn(6, H, generator=gen), select_experts(torch.randn(6, E, generator=gen), config))
+    forward(dispatch)
+    fresh = torch.empty(E, 2 * I, H)
+    fresh.copy_(torch.randn(E, 2 * I, H, generator=gen))
+    torch.utils.swap_tensors(staging, fresh)  # type: ignore[no-untyped-call]  # torch.utils.swap_tensors carries no annotations
+    with pytest.raises(RuntimeError, match=r"\.w13: written in place after its weights were built"):
+        forward(dispatch)
+
+
+@dataclasses.dataclass(frozen=True)
+class _PluginWeights:
+    """A plugin's quant info as a frozen dataclass holding the canonical tensors (not attrs)."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    num_experts: int = E
+    hidden_size: int = H
+    intermediate_size: int = I
+
+    @property
+    def device(self) -> torch.device:
+        return self.w13.device
+
+
+@attrs.frozen(eq=False)
+class _PluginRunner:
+    """Runs :class:`_PluginWeights` through the reference."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: _PluginWeights, /) -> torch.Tensor:
+        return REFERENCE_DENSE.factory(self.config).run(dispatch, DenseMoeWeights(w13=quant_info.w13, w2=quant_info.w2))
+
+
+def test_a_dataclass_quant_infos_tensors_are_watched(gen: torch.Generator) -> None:
+    """Silent (adversarial pass 6, c11): a plugin's quant info is a frozen dataclass; its staging buffer rewritten
+    after binding ran the next layer's weights, 1.38 off. A bound forward watches dataclass fields as attrs ones."""
+    config = _config()
+    staging = torch.randn(E, 2 * I, H, generator=gen)
+    forward = BoundRunner(_PluginRunner(config), _PluginWeights(w13=staging, w2=torch.randn(E, H, I, generator=gen)))
+    dispatch = StandardDispatchOutput(torch.randn(6, H, generator=gen), select_experts(torch.randn(6, E, generator=gen), config))
+    forward(dispatch)
+    staging.copy_(torch.randn(E, 2 * I, H, generator=gen))
+    with pytest.raises(RuntimeError, match=r"_PluginWeights\.w13: written in place after its weights were built"):
+        forward(dispatch)
 
 
 def test_a_router_bias_of_another_dtype_than_its_weight_is_named(gen: torch.Generator) -> None:
