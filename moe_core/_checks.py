@@ -8,8 +8,10 @@ and never surfaces later as a silently wrong result on the hot path.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
+import attrs
 import torch
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -303,3 +305,20 @@ def require_unwritten_since_built(path: str, holder: object) -> None:
                 "buffer reused for the next layer's weights): built weights are immutable; build new ones from it "
                 "(a scheme reloads through its loader)"
             )
+
+
+H = TypeVar("H")
+
+
+def built_again(kind: type[H], fields: dict[str, object]) -> H:
+    """``kind(**fields)``: a copy or unpickled weight object built through its constructor (:func:`reduce_rebuilt`)."""
+    return kind(**fields)
+
+
+def reduce_rebuilt(holder: attrs.AttrsInstance, path: str) -> tuple[Callable[..., object], tuple[object, ...]]:
+    """``__reduce__`` of an attrs weight object that records its tensors (:func:`record_built`): refuse one written
+    in place since it was built (its copy would run the new contents), and build the copy through the constructor,
+    which checks and records the copy's own tensors."""
+    require_unwritten_since_built(path, holder)
+    kind = type(holder)
+    return built_again, (kind, {field.alias: getattr(holder, field.name) for field in attrs.fields(kind) if field.init})

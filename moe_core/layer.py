@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from moe_core._checks import (
     FLOAT_DTYPES,
     record_built,
+    reduce_rebuilt,
     require_dtype,
     require_finite,
     require_ndim,
@@ -110,6 +111,11 @@ class SharedExpert:
                 f"SharedExpert.from_projections: up: expected shape {tuple(gate.shape)} like gate, got {tuple(up.shape)}"
             )
         return cls(w13=torch.cat((gate, up)), w2=down, activation=activation, gate=output_gate)
+
+    def __reduce__(self) -> tuple[Callable[..., object], tuple[object, ...]]:
+        """Copies and pickles are built through the constructor (checked, their tensors recorded); one written in place
+        since it was built is refused, as its call would be."""
+        return reduce_rebuilt(self, "SharedExpert")
 
     def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` output of ``hidden_states [T, H]`` (of the weights' dtype); ``RuntimeError`` if one of its tensors

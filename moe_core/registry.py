@@ -92,14 +92,7 @@ class BoundRunner(Generic[Q]):
         returns something else is named instead of passing it on. A top-k built with ``check_values`` (the default)
         has its values checked against the layer first (:func:`~moe_core.runner.check_run_values`), whichever
         backend runs: kernels read no values."""
-        for path, counted in self._writes:
-            writes = counted.writes()
-            if writes:
-                raise RuntimeError(
-                    f"{path}: written in place after its weights were built ({writes} write(s), e.g. a staging "
-                    "buffer reused for the next layer's weights): bound weights are immutable; bind new ones (a scheme "
-                    "reloads through its loader)"
-                )
+        self._require_unwritten()
         if self.judge is not None:
             self._require_supported(self.judge, dispatch.hidden_states.dtype)
         if dispatch.topk.check_values:
@@ -134,8 +127,21 @@ class BoundRunner(Generic[Q]):
         return out
 
     def __reduce__(self) -> tuple[Callable[..., BoundRunner[Q]], tuple[object, ...]]:
-        """Copies and pickles bind afresh (the copy's tensors count their own writes, from the copy on)."""
+        """Copies and pickles bind afresh (the copy's tensors count their own writes, from the copy on); weights
+        written in place since binding are refused first, as a call would refuse them."""
+        self._require_unwritten()
         return _bind_again, (self.runner, self.quant_info, self.judge)
+
+    def _require_unwritten(self) -> None:
+        """Refuse weights written in place since binding."""
+        for path, counted in self._writes:
+            writes = counted.writes()
+            if writes:
+                raise RuntimeError(
+                    f"{path}: written in place after its weights were built ({writes} write(s), e.g. a staging "
+                    "buffer reused for the next layer's weights): bound weights are immutable; bind new ones (a scheme "
+                    "reloads through its loader)"
+                )
 
     def _require_supported(self, judge: BackendAnswer, dtype: torch.dtype) -> None:
         """Refuse hidden states of a dtype the backend does not take for this layer."""
@@ -307,6 +313,11 @@ class BackendKey(Generic[Q]):
     """One conversion per canonical format the backend takes."""
     priority: Priority = attrs.field(alias="_priority", kw_only=True)
     """Where it ranks among the candidates of a format."""
+
+    def __reduce__(self) -> tuple[Callable[[str], BackendKey[QuantInfo]], tuple[str]]:
+        """Copies and pickles are the registered key of the same name (keys compare by identity; a factory or check
+        may be a local function, which does not pickle): unpickling needs the backend registered there too."""
+        return _registered_key, (self.name,)
 
     def supports(self, device: DeviceSpec, layer: LayerSpec) -> Support:
         """Whether the backend runs ``layer`` on ``device``, and if not, why."""
@@ -668,6 +679,16 @@ def register_backend(
         _priority=priority,
     )
     _REGISTRY[name] = _Slot(key, _Registered(key))
+    return key
+
+
+def _registered_key(name: str) -> BackendKey[QuantInfo]:
+    """The key registered under ``name`` (a copied or unpickled key); ``LookupError`` naming it where none is."""
+    discover_backends()
+    slot = _REGISTRY.get(name)
+    if slot is None or not isinstance(slot.key, BackendKey):
+        raise LookupError(f"backend {name!r} is not registered in this process (its module or plugin did not load)")
+    key: BackendKey[QuantInfo] = slot.key
     return key
 
 

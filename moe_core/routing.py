@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import functools
 import importlib.util
+from collections.abc import Callable
 from typing import Protocol, final
 
 import attrs
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from moe_core._checks import (
     FLOAT_DTYPES,
     record_built,
+    reduce_rebuilt,
     require_dtype,
     require_finite,
     require_ndim,
@@ -88,6 +90,11 @@ class Router:
             require_finite(f"Router.{name}", tensor)
             record_built(self, name, tensor)
         require_same_device(tensors)
+
+    def __reduce__(self) -> tuple[Callable[..., object], tuple[object, ...]]:
+        """Copies and pickles are built through the constructor (checked, their tensors recorded); one written in place
+        since it was built is refused, as its call would be."""
+        return reduce_rebuilt(self, "Router")
 
     @property
     def num_experts(self) -> int:

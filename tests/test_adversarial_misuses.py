@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import json
+import pickle
 from collections.abc import Callable
 import shutil
 from pathlib import Path
@@ -79,7 +81,7 @@ from moe_core.synthetic import (
     random_nvfp4_layer,
 )
 from moe_core.fp8 import ExpertFp8Scales, Fp8BlockExpertWeights, Fp8ChannelExpertWeights, Fp8ExpertWeights, Fp8GateUpWeights
-from moe_core.layer import SharedExpert, dense_layer
+from moe_core.layer import MoeLayer, SharedExpert, dense_layer
 from moe_core.mxfp4 import Mxfp4ExpertWeights
 from moe_core.routing import Router
 from tests.test_kernel_models import cutlass_model_kernels, trtllm_model_kernels
@@ -988,6 +990,41 @@ def test_a_deep_copy_of_a_built_layer_runs(gen: torch.Generator) -> None:
                         dtype=torch.float32)
     x = torch.randn(6, H, generator=gen)
     torch.testing.assert_close(copy.deepcopy(layer)(x), layer(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rewritten", ["w13", "router", "shared expert"])
+def test_a_copy_of_a_layer_written_since_it_was_built_is_refused(gen: torch.Generator, rewritten: str) -> None:
+    """Silent (adversarial pass 6, c32): staging buffers rewritten after building; the layer refused its next call,
+    but ``copy.deepcopy`` of it bound the new contents afresh and ran them, 1.3 off. Copies (and pickles) of a bound
+    forward, a router and a shared expert refuse what a call would."""
+    w13, router = torch.randn(E, 2 * I, H, generator=gen) / 6, torch.randn(E, H, generator=gen)
+    shared = torch.randn(2 * I, H, generator=gen)
+    layer = MoeLayer(
+        config=_config(), router=Router(weight=router),
+        experts=REFERENCE_DENSE.bind(_config(), DenseMoeWeights(w13=w13, w2=torch.randn(E, H, I, generator=gen))),
+        backend="reference-dense",
+        shared_expert=SharedExpert(w13=shared, w2=torch.randn(H, I, generator=gen), activation=Activation.SILU_GATED),
+    )
+    copy.deepcopy(layer)
+    {"w13": w13, "router": router, "shared expert": shared}[rewritten].mul_(2.0)
+    with pytest.raises(RuntimeError, match=r"written in place after its weights were built"):
+        copy.deepcopy(layer)
+    with pytest.raises(RuntimeError, match=r"written in place after its weights were built"):
+        pickle.dumps(layer)
+
+
+def test_a_built_layer_pickles_and_saves(gen: torch.Generator) -> None:
+    """A correct program refused (adversarial pass 6, c39): ``pickle`` and ``torch.save`` of a built reference layer
+    failed on the backend key's local factory ("Can't pickle local object"). A key pickles as its registered name."""
+    layer = dense_layer(_config(), Router(weight=torch.randn(E, H, generator=gen)), _weights(gen), dtype=torch.float32)
+    x = torch.randn(6, H, generator=gen)
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=False)
+    torch.testing.assert_close(saved(x), layer(x), rtol=0, atol=0)
+    torch.testing.assert_close(pickle.loads(pickle.dumps(layer))(x), layer(x), rtol=0, atol=0)
+    assert copy.deepcopy(REFERENCE_DENSE) is REFERENCE_DENSE, "a key copies as the registered key"
 
 
 def test_transposed_slices_of_one_buffer_survive_writes_into_the_other_slices(gen: torch.Generator) -> None:
