@@ -183,12 +183,18 @@ class ExpertParams:
         if not 0 <= local < self._w2[name].shape[0]:
             return False
         self._require_held()
+        column = list(ExpertShard).index(shard)
+        if self._loaded[name][local, column]:
+            raise ValueError(
+                f"{where}: loaded twice (does the checkpoint hold this expert's {shard.projection} under two names, "
+                "e.g. gate_proj and w1, or a stale shard beside the current one?): each tensor loads once"
+            )
         value = tensor.reshape(expected)
         if shard is ExpertShard.DOWN:
             self._w2[name][local].copy_(value)
         else:
             self._w13[name][local, 0 if shard is ExpertShard.GATE else 1].copy_(value)
-        self._loaded[name][local, list(ExpertShard).index(shard)] = True
+        self._loaded[name][local, column] = True
         return True
 
     def missing(self) -> list[str]:

@@ -225,6 +225,19 @@ def test_engine_style_loading_one_expert_and_shard_at_a_time_with_expert_paralle
     torch.testing.assert_close(partial[0] + partial[1], whole, rtol=0, atol=2 * float(whole.abs().max()) * 2**-8)
 
 
+def test_a_tensor_loaded_twice_is_refused() -> None:
+    """Silent (adversarial pass 6, c20): a checkpoint holding a stale ``experts.0.w1.weight`` beside
+    ``experts.0.gate_proj.weight`` loaded both into expert 0's gate, the later one winning, 1.58 off against the clean
+    checkpoint. A slot loaded a second time is refused, naming it."""
+    checkpoint = MoeCheckpoint(CT_NVFP4)
+    scheme = CompressedTensorsW4A4Nvfp4MoE(checkpoint.runner_config())
+    tensors = read_tensors(CT_NVFP4)
+    key, expert, shard, name = checkpoint.expert_keys(0)[0]
+    scheme.load_expert_weight(name, tensors[key], expert_id=expert, shard=shard)
+    with pytest.raises(ValueError, match=rf"experts\.{expert}\.{shard.projection}\.{name}: loaded twice"):
+        scheme.load_expert_weight(name, tensors[key], expert_id=expert, shard=shard)
+
+
 def test_loader_refuses_ids_and_shards_that_do_not_exist() -> None:
     scheme = CompressedTensorsW4A4Nvfp4MoE(MoeCheckpoint(CT_NVFP4).runner_config())
     packed = torch.zeros(64, 64, dtype=torch.uint8)
