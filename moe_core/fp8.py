@@ -14,6 +14,7 @@ under a named :class:`~moe_core.global_scales.ExpertScalePolicy`.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from typing import ClassVar, Protocol, final
 
 import attrs
@@ -359,28 +360,71 @@ def _refuse_misscaled_codes(name: str, codes: torch.Tensor) -> None:
         )
 
 
+def _rows_at_max(codes: torch.Tensor, experts: Sequence[int]) -> list[tuple[int, int]]:
+    """Per expert of ``codes [E, rows, cols]`` in ``experts``: its nonzero rows, and how many of them hold a +-448
+    code (pruned, all-zero rows say nothing of the scales' granularity)."""
+    counts = []
+    for expert in experts:  # one expert's bytes at a time: DeepSeek-V3's w13 is 7.5 GB
+        magnitudes = codes[expert].view(torch.uint8) & 0x7F
+        nonzero = (magnitudes != 0).any(dim=1)
+        at_max = (magnitudes == _E4M3_MAX_BITS).any(dim=1) & nonzero
+        counts.append((int(nonzero.sum()), int(at_max.sum())))
+    return counts
+
+
 def _refuse_per_channel_codes(name: str, codes: torch.Tensor) -> None:
     """Refuse codes quantized per channel under per-tensor scales (per-channel scales collapsed, codes kept).
 
     Per channel, each row's largest magnitude is its own amax over its own
-    ``amax / 448`` scale: every row holds a +-448 code. Per tensor only the
-    rows near the matrix's amax do (within one E4M3 step, 1/28 of it), so a
-    real matrix with every row there in every expert is not per-tensor data;
-    its rows would dequantize up to each row's scale ratio too large. Checked
-    from :data:`PER_CHANNEL_EVIDENCE_ROWS` rows (fewer prove nothing), where
-    the values can be read.
+    ``amax / 448`` scale: every nonzero row holds a +-448 code. Per tensor
+    only the rows near the matrix's amax do (within one E4M3 step, 1/28 of
+    it), so a real matrix with every nonzero row there in every expert is not
+    per-tensor data; its rows would dequantize up to each row's scale ratio
+    too large. Experts with fewer than :data:`PER_CHANNEL_EVIDENCE_ROWS`
+    nonzero rows prove nothing and are skipped; values that cannot be read
+    are not checked.
     """
-    experts, rows, _ = codes.shape
-    if rows < PER_CHANNEL_EVIDENCE_ROWS or not values_readable(codes):
+    if not values_readable(codes):
         return
-    for expert in range(experts):
-        if not bool(((codes[expert].view(torch.uint8) & 0x7F) == _E4M3_MAX_BITS).any(dim=1).all()):
-            return
+    counts = _rows_at_max(codes, range(int(codes.shape[0])))
+    judged = [(rows, at_max) for rows, at_max in counts if rows >= PER_CHANNEL_EVIDENCE_ROWS]
+    if not judged or any(at_max < rows for rows, at_max in judged):
+        return
     raise ValueError(
-        f"{name}: expected per-tensor codes, got every row of all {experts} experts at +-448 ({rows} rows each): "
-        "codes quantized per channel; keep them with their Fp8ChannelScales (Fp8ChannelExpertWeights), or "
-        "requantize them per tensor (Fp8ExpertWeights.quantize of their dequantized values)"
+        f"{name}: expected per-tensor codes, got every nonzero row of {len(judged)} experts at +-448: codes quantized "
+        "per channel; keep them with their Fp8ChannelScales (Fp8ChannelExpertWeights), or requantize them per "
+        "tensor (Fp8ExpertWeights.quantize of their dequantized values)"
     )
+
+
+PER_CHANNEL_SHARE = 0.5
+"""Under per-channel scales every nonzero row holds a +-448 code; codes quantized per 128x128 block (kept, their
+scales collapsed to each row's largest) do only in rows that hold a block's amax (about 1 in 128 per block: 12-35%
+of rows at K = 2048-7168), per tensor only near the matrix's amax. Fewer than this share is refused."""
+
+
+def _refuse_coarser_codes(name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
+    """Refuse codes quantized per block or per tensor under per-channel scales ``[E, rows]`` that vary along the rows
+    (:data:`PER_CHANNEL_SHARE`): most rows would dequantize too large, by their block's or the tensor's scale ratio.
+    Experts whose rows share at most two scales (per-tensor scales repeated on their rows, one per gate and up half)
+    compute what per-tensor weights do and are not judged. Judged over the other experts' nonzero rows together,
+    from :data:`PER_CHANNEL_EVIDENCE_ROWS` of them, where the values can be read."""
+    if not values_readable(codes) or not values_readable(scales):
+        return
+    ordered = scales.reshape(scales.shape[0], -1).sort(dim=1).values
+    distinct = 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(dim=1)
+    varying = [int(expert) for expert in (distinct > 2).nonzero().flatten()]
+    if not varying:
+        return
+    counts = _rows_at_max(codes, varying)
+    rows, at_max = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    if rows >= PER_CHANNEL_EVIDENCE_ROWS and at_max < PER_CHANNEL_SHARE * rows:
+        raise ValueError(
+            f"{name}: expected per-channel codes (every nonzero row at +-448 under its own amax / 448 scale), got "
+            f"{at_max} of {rows} nonzero rows there: codes quantized per 128x128 block or per tensor; keep them with "
+            "their own scales (Fp8BlockScales, or per-tensor scales), or requantize them per channel "
+            "(Fp8ChannelExpertWeights.quantize of their dequantized values)"
+        )
 
 
 @final
@@ -485,6 +529,7 @@ class Fp8ChannelExpertWeights(_Fp8Stack):
                 f"got {tuple(self.scales.value.shape)}"
             )
         require_same_device([("codes", self.codes), ("scales", self.scales.value)])
+        _refuse_coarser_codes("Fp8ChannelExpertWeights.codes", self.codes, self.scales.value)
 
     @staticmethod
     def _grid(values: torch.Tensor, rows: int, cols: int) -> torch.Tensor:

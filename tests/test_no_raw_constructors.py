@@ -32,7 +32,7 @@ from moe_core import (
     candidates,
 )
 from moe_core.checkpoint import MoeCheckpoint
-from moe_core.fp8 import PER_CHANNEL_EVIDENCE_ROWS
+from moe_core.fp8 import PER_CHANNEL_EVIDENCE_ROWS, Fp8BlockExpertWeights
 from moe_core.backends.flashinfer_cutlass.quant_info import CutlassActivationScales, CutlassAlphas, CutlassFp8Dequant
 from moe_core.backends.flashinfer_trtllm_fp4.quant_info import Fc1GateScalars, Fc1UpScalars, Fc2OutputScalars
 from moe_core.backends.triton.quant_info import (
@@ -214,11 +214,38 @@ def test_per_channel_codes_under_collapsed_scales_are_refused(gen: torch.Generat
     w = torch.randn(3, 64, 128, generator=gen) * torch.logspace(-1, 1, 64)[None, :, None]
     channel = Fp8ChannelExpertWeights.quantize(w)
     collapsed = ExpertFp8Scales.from_checkpoint(channel.scales.value.amax(dim=1))
-    with pytest.raises(ValueError, match="Fp8ExpertWeights.codes: expected per-tensor codes, got every row of all 3"):
+    with pytest.raises(ValueError, match="Fp8ExpertWeights.codes: expected per-tensor codes, got every nonzero row of 3"):
         Fp8ExpertWeights(channel.codes, collapsed)
     assert Fp8ExpertWeights.quantize(w).shape == (3, 64, 128)
     few = Fp8ChannelExpertWeights.quantize(w[:, : PER_CHANNEL_EVIDENCE_ROWS - 1])
     assert Fp8ExpertWeights(few.codes, ExpertFp8Scales.from_checkpoint(few.scales.value.amax(dim=1))).shape[1] == 15
+
+
+def test_per_channel_codes_with_pruned_rows_under_collapsed_scales_are_refused(gen: torch.Generator) -> None:
+    """Silent (adversarial pass 6, c34): one all-zero (pruned) row per expert got per-channel codes past the check
+    above, which asked every row for a +-448: 5.3 off. All-zero rows say nothing and are left out."""
+    w = torch.randn(3, 64, 128, generator=gen) * torch.logspace(-1, 1, 64)[None, :, None]
+    w[:, 5] = 0.0
+    channel = Fp8ChannelExpertWeights.quantize(w)
+    collapsed = ExpertFp8Scales.from_checkpoint(channel.scales.value.amax(dim=1))
+    with pytest.raises(ValueError, match="Fp8ExpertWeights.codes: expected per-tensor codes, got every nonzero row of 3"):
+        Fp8ExpertWeights(channel.codes, collapsed)
+
+
+def test_block_codes_under_per_row_scales_are_refused(gen: torch.Generator) -> None:
+    """Silent (adversarial pass 6, c12): a block-scaled FP8 checkpoint's codes kept and its ``weight_scale_inv``
+    collapsed to each row's largest block scale ran as per-channel weights, 1.25 off. Per-channel codes hold a
+    +-448 in every nonzero row, block codes only where a row holds a block's amax. Per-tensor scales repeated on the
+    rows (the same computation as per-tensor weights) still build."""
+    w = torch.randn(2, 512, 1024, generator=gen) * torch.rand(2, 1, 1024, generator=gen)
+    blocks = Fp8BlockExpertWeights.quantize(w)
+    per_row = blocks.scales.value.amax(dim=2).repeat_interleave(128, dim=1)  # [E, rows]: each row's largest block scale
+    with pytest.raises(ValueError, match=r"Fp8ChannelExpertWeights.codes: expected per-channel codes .* got \d+ of 1024"):
+        Fp8ChannelExpertWeights(blocks.codes, Fp8ChannelScales.from_checkpoint(per_row))
+    assert Fp8ChannelExpertWeights.quantize(w).shape == (2, 512, 1024)
+    tensor = Fp8ExpertWeights.quantize(w)
+    repeated = Fp8ChannelScales.from_checkpoint(tensor.scales.value[:, None].expand(2, 512).contiguous())
+    assert Fp8ChannelExpertWeights(tensor.codes, repeated).shape == (2, 512, 1024)
 
 
 def test_a_modelopt_scale_read_as_compressed_tensors_is_refused_at_load(tmp_path: Path) -> None:
