@@ -573,6 +573,17 @@ def test_a_backend_that_refuses_leaves_the_model_as_it_was(gen: torch.Generator)
     assert not isinstance(holder.mlp, MoeCoreBlock)
 
 
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2", "llama4", "phimoe", "glm4_moe"])
+def test_a_config_edited_after_the_experts_were_built_is_refused(gen: torch.Generator, family: str) -> None:
+    """Silent (adversarial pass 6, c17): ``config.update(hidden_act="gelu")`` after a DeepSeek-V3 model was built
+    with SiLU experts; the swap read the config and ran GELU, 0.10 off the model's own forward (Mixtral's reader
+    probed its experts' ``act_fn``, these did not). Every reader probes it now."""
+    holder = _Holder(_block(family, gen), _config(family, hidden_act="gelu"))
+    with pytest.raises(ValueError, match=r"experts\.act_fn: SiLUActivation does not compute the config's gelu"):
+        swap_moe_blocks(holder)
+    assert not isinstance(holder.mlp, MoeCoreBlock)
+
+
 def test_experts_computing_another_activation_than_the_config_are_refused(gen: torch.Generator) -> None:
     """Qwen3-Omni's talker names its activation in its own config, not in the text config the swap reads."""
     holder = _Holder(_block("qwen3_omni_moe_talker", gen, hidden_act="gelu"), _config("qwen3_omni_moe_talker"))

@@ -226,18 +226,20 @@ def _hidden_act(name: str) -> Activation:
     return activation
 
 
-def _checked_activation(block: nn.Module, config: object) -> Activation:
-    """The config's ``hidden_act``, checked against the experts' own ``act_fn`` on probe values where they hold one:
-    a sub-model (Qwen3-Omni's talker) may name its activation in a config other than the text config read here."""
-    activation = _hidden_act(_get(config, "hidden_act", str))
-    act_fn = getattr(getattr(block, "experts", None), "act_fn", None)
+def _checked_activation(block: nn.Module, config: object, field: str = "hidden_act", module: str = "experts") -> Activation:
+    """The config's activation ``field``, checked against the block's ``module``'s own ``act_fn`` on probe values
+    where it holds one: a sub-model (Qwen3-Omni's talker) may name its activation in a config other than the text
+    config read here, and a config edited after the modules were built (``config.update``) names another than they
+    compute."""
+    activation = _hidden_act(_get(config, field, str))
+    act_fn = getattr(getattr(block, module, None), "act_fn", None)
     if isinstance(act_fn, nn.Module) and activation.gated:
         probe = torch.linspace(-6.0, 6.0, 49)
         with torch.no_grad():
             got, want = act_fn(probe), activation.apply(torch.cat((probe, torch.ones_like(probe))))
         if not torch.allclose(got, want, rtol=1e-6, atol=1e-7):
             name = type(act_fn).__name__
-            raise ValueError(f"experts.act_fn: {name} does not compute the config's {activation.value}")
+            raise ValueError(f"{module}.act_fn: {name} does not compute the config's {activation.value}")
     return activation
 
 
@@ -366,7 +368,7 @@ def _grouped(
 def _deepseek(block: nn.Module, config: object) -> BlockParts:
     """DeepSeek-V3's block and its copies (GLM4-MoE, dots.llm1, Kimi Linear, Solar Open, ...); MiMo-V2-Flash's has
     no shared expert."""
-    activation = _hidden_act(_get(config, "hidden_act", str))
+    activation = _checked_activation(block, config)
     return _grouped(block, activation, _experts(block), _shared(block, "shared_experts", activation))
 
 
@@ -383,7 +385,7 @@ def _deepseek_v2(block: nn.Module, config: object) -> BlockParts:
         )
     else:
         raise ValueError(f"topk_method: expected 'greedy' or 'group_limited_greedy', got {method!r}")
-    activation = _hidden_act(_get(config, "hidden_act", str))
+    activation = _checked_activation(block, config)
     return BlockParts(
         top_k=_get(block, "gate.top_k", int),
         activation=activation,
@@ -420,7 +422,7 @@ def _nemotron_h(block: nn.Module, config: object) -> BlockParts:
         raise ValueError("NemotronHMoE.fc1_latent_proj: latent expert projections (moe_latent_size) are not covered")
     if _get(config, "mlp_bias", bool):
         raise ValueError("mlp_bias: a shared expert with biases is not covered")
-    activation = _hidden_act(_get(config, "mlp_hidden_act", str))
+    activation = _checked_activation(block, config, "mlp_hidden_act")
     weights = DenseMoeWeights(w13=_tensor(block, "experts.up_proj"), w2=_tensor(block, "experts.down_proj"))
     shared = SharedExpert(
         w13=_tensor(block, "shared_experts.up_proj.weight"),
@@ -450,7 +452,7 @@ def _gpt_oss(block: nn.Module, config: object) -> BlockParts:
 def _phimoe(block: nn.Module, config: object) -> BlockParts:
     return BlockParts(
         top_k=_get(block, "top_k", int),
-        activation=_hidden_act(_get(config, "hidden_act", str)),
+        activation=_checked_activation(block, config),
         routing=SparseMixer(jitter_eps=_float(block, "router.router_jitter_noise")),
         router=Router(weight=_tensor(block, "router.weight")),
         weights=_experts(block),
@@ -459,7 +461,7 @@ def _phimoe(block: nn.Module, config: object) -> BlockParts:
 
 def _llama4(block: nn.Module, config: object) -> BlockParts:
     """Llama 4: sigmoid of the top-k logits scaling each expert's input, transposed experts, a shared expert."""
-    activation = _hidden_act(_get(config, "hidden_act", str))
+    activation = _checked_activation(block, config)
     return BlockParts(
         top_k=_get(block, "top_k", int),
         activation=activation,
@@ -475,7 +477,7 @@ def _llama4(block: nn.Module, config: object) -> BlockParts:
 
 def _sigmoid_topk(block: nn.Module, config: object) -> BlockParts:
     """Flint: sigmoid top-k of a float32 router, renormalized as ``norm_topk_prob`` says, an ungated shared expert."""
-    activation = _hidden_act(_get(config, "hidden_act", str))
+    activation = _checked_activation(block, config)
     return BlockParts(
         top_k=_get(block, "gate.top_k", int),
         activation=activation,
@@ -497,7 +499,7 @@ def _axk2(block: nn.Module, config: object) -> BlockParts:
     dropped groups' scores with 0, not -inf, so a negative corrected score ranks below them."""
     if getattr(_get(block, "gate", nn.Module), "num_group", None) is not None:
         raise ValueError("n_group: grouped routing that masks dropped groups with 0.0 is not covered (n_group=None is)")
-    activation = _hidden_act(_get(config, "hidden_act", str))
+    activation = _checked_activation(block, config)
     return _biased_sigmoid(
         top_k=_get(block, "gate.top_k", int),
         activation=activation,
@@ -516,7 +518,7 @@ def _beam(block: nn.Module, config: object) -> BlockParts:
     """Beam: DeepSeek-V3's grouped routing (the scaling factor on the block's output), no shared expert."""
     return BlockParts(
         top_k=_get(block, "gate.top_k", int),
-        activation=_hidden_act(_get(config, "hidden_act", str)),
+        activation=_checked_activation(block, config),
         routing=GroupedTopK(
             n_group=_get(block, "gate.num_group", int),
             topk_group=_get(block, "gate.topk_group", int),
@@ -533,7 +535,7 @@ def _beam(block: nn.Module, config: object) -> BlockParts:
 
 def _afmoe(block: nn.Module, config: object) -> BlockParts:
     """AFMoE: sigmoid scores chosen with the block's ``expert_bias``, renormalized, times ``route_scale``."""
-    activation = _hidden_act(_get(config, "hidden_act", str))
+    activation = _checked_activation(block, config)
     return _biased_sigmoid(
         top_k=_get(block, "router.top_k", int),
         activation=activation,
@@ -548,7 +550,7 @@ def _afmoe(block: nn.Module, config: object) -> BlockParts:
 
 def _hy_v3(block: nn.Module, config: object) -> BlockParts:
     """Hunyuan V3: sigmoid of a float32 router chosen with the block's correction bias, renormalized, scaled."""
-    activation = _hidden_act(_get(config, "hidden_act", str))
+    activation = _checked_activation(block, config)
     return _biased_sigmoid(
         top_k=_get(block, "gate.top_k", int),
         activation=activation,
@@ -566,7 +568,7 @@ def _minimax_m2(block: nn.Module, config: object) -> BlockParts:
     """MiniMax-M2: sigmoid scores chosen with the block's correction bias, renormalized, no shared expert."""
     return _biased_sigmoid(
         top_k=_get(block, "gate.top_k", int),
-        activation=_hidden_act(_get(config, "hidden_act", str)),
+        activation=_checked_activation(block, config),
         weights=_experts(block),
         router=Router(
             weight=_tensor(block, "gate.weight"),
@@ -619,7 +621,7 @@ def _step3p7(block: nn.Module, config: object) -> BlockParts:
     """Step 3.7: MiniMax-M2's routing, the output scaled, a shared expert; where the layer's ``swiglu_limits`` (or
     ``swiglu_limits_shared``) set one, the experts' (or the shared expert's) SiLU output is clamped from above and the
     up half to ``[-limit, limit]``."""
-    activation = _hidden_act(_get(config, "hidden_act", str))
+    activation = _checked_activation(block, config)
     routed, shared = (
         _limited(activation, _float(block, path), GateClamp.AFTER_SILU, path)
         for path in ("experts.limit", "shared_experts.limit")
@@ -633,7 +635,7 @@ def _limited_deepseek(shared_limited: bool) -> Callable[[nn.Module, object], Blo
     way (``shared_limited``), and HY-V4, whose shared expert is not."""
 
     def read(block: nn.Module, config: object) -> BlockParts:
-        hidden_act = _hidden_act(_get(config, "hidden_act", str))
+        hidden_act = _checked_activation(block, config)
         if hidden_act is not Activation.SILU_GATED:  # the experts compute F.silu whatever hidden_act says
             raise ValueError(f"hidden_act: the limited experts are SiLU-gated, got {hidden_act.value} for the shared expert")
         routed = LimitedSwiglu(limit=_float(block, "experts.swiglu_limit"), gate_clamp=GateClamp.BEFORE_SILU)
@@ -653,7 +655,7 @@ def _laguna(block: nn.Module, config: object) -> BlockParts:
     cap = _float(block, "gate.router_logit_softcapping")
     if cap > 0:
         raise ValueError(f"moe_router_logit_softcapping: soft-capped router logits are not covered, got {cap}")
-    activation = _hidden_act(_get(config, "hidden_act", str))
+    activation = _checked_activation(block, config)
     return _scaled_biased_sigmoid(block, activation, _mlp(block, "shared_experts", activation))
 
 
@@ -685,7 +687,7 @@ def _lfm2_moe(block: nn.Module, config: object) -> BlockParts:
 
 def _hunyuan_v1_moe(block: nn.Module, config: object) -> BlockParts:
     """Hunyuan-A13B: renormalized softmax top-k of a float32 router (``gate.wg``), an ungated shared MLP."""
-    activation = _hidden_act(_get(config, "hidden_act", str))
+    activation = _checked_activation(block, config)
     return BlockParts(
         top_k=_get(block, "gate.top_k", int),
         activation=activation,
@@ -708,7 +710,7 @@ def _aria(block: nn.Module, config: object) -> BlockParts:
             w13=_tensor(block, "experts.gate_up_proj").transpose(1, 2),
             w2=_tensor(block, "experts.down_proj").transpose(1, 2),
         ),
-        shared_expert=_mlp(block, "shared_experts", _hidden_act(_get(config, "hidden_act", str))),
+        shared_expert=_mlp(block, "shared_experts", _checked_activation(block, config, module="shared_experts")),
     )
 
 
@@ -716,7 +718,7 @@ def _cohere2_moe(block: nn.Module, config: object) -> BlockParts:
     """Cohere2-MoE: top-k of the logits, then softmax, or sigmoid (renormalized as ``norm_topk_prob`` says);
     shared experts summed with the routed output, or averaged with it (both halved: the scaling factor and
     the shared expert's ``w2``)."""
-    activation = _hidden_act(_get(config, "hidden_act", str))
+    activation = _checked_activation(block, config)
     selection = _get(block, "gate.expert_selection_fn", str)
     if selection == "softmax":
         routing: Routing = RoutingMethod.TOPK_RENORMALIZE
@@ -755,7 +757,7 @@ def _mistral4(float32_router: bool) -> Callable[[nn.Module, object], BlockParts]
         routing: Routing = RoutingMethod.TOPK_RENORMALIZE if renormalize else RoutingMethod.SOFTMAX_TOPK
         if kept != groups:
             routing = GroupedTopK(n_group=groups, topk_group=kept, renormalize=renormalize, scoring=Scoring.SOFTMAX)
-        activation = _hidden_act(_get(config, "hidden_act", str))
+        activation = _checked_activation(block, config)
         weight = _tensor(block, "gate.weight")
         return BlockParts(
             top_k=_get(block, "gate.top_k", int),
@@ -798,7 +800,7 @@ def _jetmoe(block: nn.Module, config: object) -> BlockParts:
     )
     return BlockParts(
         top_k=_get(block, "router.top_k", int),
-        activation=_hidden_act(_get(config, "activation_function", str)),
+        activation=_checked_activation(block, config, "activation_function"),
         routing=RoutingMethod.TOPK_RENORMALIZE,
         router=Router(weight=_linear(block, "router.layer")),
         weights=DenseMoeWeights(w13=w13, w2=w2, biases=biases),
