@@ -877,13 +877,13 @@ def test_a_rank_that_skips_the_layer_is_named_where_the_first_collective_fails(
         raise RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 3000ms for recv operation to complete")
 
     monkeypatch.setattr(dist, collective, timed_out)
-    group = dist.group.WORLD
+    group, SHAPE = dist.group.WORLD, collectives.RowShape(16, torch.float32, 4)
     match = r"dispatch: the first collective of this layer's dispatch failed \(\[gloo.*Timed out.*\); most often a rank"
     with pytest.raises(RuntimeError, match=match):
         if collective == "all_to_all_single":
-            collectives.exchange_counts(torch.zeros(2, dtype=torch.int64), group)  # type: ignore[arg-type]  # never reached: the call fails first
+            collectives.exchange_counts(torch.zeros(2, dtype=torch.int64), group, SHAPE)  # type: ignore[arg-type]  # never reached: the call fails first
         else:
-            collectives.gather_counts(3, torch.device("cpu"), group, 2)  # type: ignore[arg-type]  # never reached: the call fails first
+            collectives.gather_counts(3, torch.device("cpu"), group, 2, SHAPE)  # type: ignore[arg-type]  # never reached: the call fails first
 
 
 @pytest.mark.distributed

@@ -46,7 +46,11 @@ from moe_core.distributed import (
     TokenSharding,
     load_expert_parallel,
 )
+from moe_core.routing import select_experts
 from tests.test_distributed import (
+    HIDDEN,
+    INTER,
+    NUM_EXPERTS,
     CHECKPOINT_TOKENS,
     CHECKPOINTS,
     FIXTURES,
@@ -220,6 +224,27 @@ def run_case(
     return Verdict(f"rank {rank}: {tuple(out.shape)} {out.dtype}, max |difference| {differ}", rows)
 
 
+MIXED_DTYPE_DISPATCHERS = ("all-to-all", "all-gather")
+
+
+def mixed_dtype(group: dist.ProcessGroup, dispatcher: str, rank: int, device: torch.device) -> Verdict:
+    """A dispatch where the odd ranks hold bf16 hidden states and the even ones float32 (adversarial pass 6, c14:
+    gloo aborted the bf16 rank, the other decoded its bytes into garbage ids); the error each rank raises, if any."""
+    placement = ExpertPlacement(NUM_EXPERTS, group.size())
+    config = MoeRunnerConfig(num_experts=NUM_EXPERTS, hidden_size=HIDDEN, intermediate_size_per_partition=INTER, top_k=2)
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(3, HIDDEN, generator=gen).to(torch.bfloat16 if rank % 2 else torch.float32).to(device)
+    topk = select_experts(torch.randn(3, NUM_EXPERTS, generator=gen).to(device), config)
+    try:
+        if dispatcher == "all-to-all":
+            AllToAllDispatcher(group, placement).dispatch(x, topk)
+        else:
+            AllGatherDispatcher(group, placement, TokenSharding.PER_RANK).dispatch(x, topk)
+    except ValueError as error:
+        return Verdict(str(error), 0)
+    return Verdict(None, 0)
+
+
 def run_world(rank: int, world_size: int, folder: str, seed: int) -> None:
     """One rank: every case, its verdicts written to ``folder/rank<rank>.json``, its stderr (a native crash's stack
     included) to ``folder/rank<rank>.log`` for the fixture to show."""
@@ -240,6 +265,8 @@ def run_world(rank: int, world_size: int, folder: str, seed: int) -> None:
         for index, (fmt, dispatcher, scenario) in enumerate(CASES):
             verdict = run_case(group, fmt, dispatcher, scenario, seed + index, device)
             verdicts[case_id(fmt, dispatcher, scenario)] = attrs.asdict(verdict)
+        for name in MIXED_DTYPE_DISPATCHERS:
+            verdicts[f"mixed-dtype/{name}"] = attrs.asdict(mixed_dtype(group, name, rank, device))
     except Exception:  # a rank that stops leaves the others in a collective until the timeout: report, do not hide
         verdicts["crash"] = traceback.format_exc()
     finally:
@@ -293,3 +320,18 @@ def test_every_rank_equals_the_single_rank_layer(
     assert [verdict.error for verdict in verdicts] == [None] * len(world)
     if scenario.starve_last_rank and len(world) > 1:  # a world of one holds every expert: nothing can starve it
         assert verdicts[-1].rows == 0, "the last rank's experts were routed nothing, yet its runner got rows"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("dispatcher", MIXED_DTYPE_DISPATCHERS)
+def test_ranks_of_another_dtype_are_refused_by_name_on_every_rank(world: list[dict[str, Verdict]], dispatcher: str) -> None:
+    """Raw (adversarial pass 6, c14): a rank sending bf16 rows to a float32 rank was aborted by gloo, and the other
+    decoded its bytes as float32 into garbage ids. The counts' exchange carries each rank's row shape now: every rank
+    refuses by name before a row travels."""
+    errors = [ranks[f"mixed-dtype/{dispatcher}"].error for ranks in world]
+    if len(world) == 1:
+        assert errors == [None]
+        return
+    for error in errors:
+        assert error is not None and "every rank runs the layer in one dtype and hidden size" in error, error
+    assert "torch.bfloat16" in str(errors[0]) and "torch.float32" in str(errors[1])

@@ -38,7 +38,14 @@ import torch.nn.functional as F
 
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
-from moe_core.distributed.collectives import all_gather_rows, gather_counts, reduce_scatter_rows, refuse_capture, sum_rows
+from moe_core.distributed.collectives import (
+    RowShape,
+    all_gather_rows,
+    gather_counts,
+    reduce_scatter_rows,
+    refuse_capture,
+    sum_rows,
+)
 from moe_core.distributed.payload import Payload, StandardPayload
 from moe_core.distributed.placement import ExpertPlacement
 from moe_core.distributed.protocol import Dispatched, FormatT
@@ -120,7 +127,8 @@ def gather_slots(
     token_counts: tuple[int, ...] = (topk.num_tokens,)
     if tokens is TokenSharding.PER_RANK:
         world_size = group.size()
-        token_counts = gather_counts(topk.num_tokens, hidden_states.device, group, world_size)
+        shape = RowShape(payload.row_bytes, hidden_states.dtype, int(hidden_states.shape[1]))
+        token_counts = gather_counts(topk.num_tokens, hidden_states.device, group, world_size, shape)
         layout = token_layout(payload.row_bytes, topk.top_k)
         packed = F.pad(layout.pack(rows, ids, weights), (0, 0, 0, max(token_counts) - topk.num_tokens))
         rows, ids, weights = layout.unpack(all_gather_rows(packed, group, world_size))

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from moe_core.config import MoeRunnerConfig
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
-from moe_core.distributed.collectives import all_to_all_rows, exchange_counts, refuse_capture
+from moe_core.distributed.collectives import RowShape, all_to_all_rows, exchange_counts, refuse_capture
 from moe_core.distributed.payload import Payload, StandardPayload
 from moe_core.distributed.placement import ExpertPlacement
 from moe_core.distributed.protocol import Dispatched, FormatT
@@ -109,7 +109,8 @@ def exchange_slots(
     placement.check_routing(hidden_states, topk)
     payload = payload_of(hidden_states)
     outbox = Outbox.pack(payload.encode(hidden_states), topk, placement)
-    send_splits, recv_splits = exchange_counts(outbox.counts, group)
+    shape = RowShape(payload.row_bytes, hidden_states.dtype, int(hidden_states.shape[1]))
+    send_splits, recv_splits = exchange_counts(outbox.counts, group, shape)
     received = all_to_all_rows(outbox.rows, send_splits, recv_splits, group)
     dispatch = received_slots(received, payload, topk.num_experts)
     return Dispatched(dispatch, AllToAllHandle(outbox.inverse, send_splits, recv_splits, topk.top_k))

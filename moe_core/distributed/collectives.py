@@ -7,6 +7,9 @@ the group's backend name.
 
 from __future__ import annotations
 
+from typing import final
+
+import attrs
 import torch
 import torch.distributed as dist
 
@@ -40,16 +43,59 @@ def _first_collective_failed(where: str, error: RuntimeError) -> RuntimeError:
     )
 
 
-def exchange_counts(send_counts: torch.Tensor, group: dist.ProcessGroup) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Rows this rank sends to each rank (int64 ``[W]``) and, after an all-to-all, receives from each: one host sync."""
-    recv_counts = torch.empty_like(send_counts)
+WIRE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+"""The hidden-states dtypes a :class:`RowShape` names by index (another dtype is -1)."""
+
+
+@final
+@attrs.frozen
+class RowShape:
+    """What every rank's rows must agree on before they travel: their bytes, the hidden states' dtype and width.
+
+    A rank whose rows differ (another dtype: the collectives move bytes)
+    made gloo abort the receiving process, or its bytes were decoded as the
+    other dtype into garbage ids and values; the counts' exchange carries
+    this, so it is refused by name on every rank first.
+    """
+
+    row_bytes: int
+    dtype: torch.dtype
+    hidden_size: int
+
+    def encoded(self) -> tuple[int, int, int]:
+        """The three integers sent beside each count."""
+        code = WIRE_DTYPES.index(self.dtype) if self.dtype in WIRE_DTYPES else -1
+        return self.row_bytes, code, self.hidden_size
+
+    def require_same(self, received: list[list[int]], where: str) -> None:
+        """Raise ``ValueError`` naming the first rank whose encoded shape differs from this one's."""
+        mine = list(self.encoded())
+        for rank, theirs in enumerate(received):
+            if theirs != mine:
+                dtype = WIRE_DTYPES[theirs[1]] if 0 <= theirs[1] < len(WIRE_DTYPES) else "another dtype"
+                raise ValueError(
+                    f"{where}: rank {rank} sends rows of {theirs[0]} bytes from {dtype} hidden states of width "
+                    f"{theirs[2]}, this rank {self.row_bytes} bytes from {self.dtype} of width {self.hidden_size}: "
+                    "every rank runs the layer in one dtype and hidden size"
+                )
+
+
+def exchange_counts(
+    send_counts: torch.Tensor, group: dist.ProcessGroup, shape: RowShape
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Rows this rank sends to each rank (int64 ``[W]``) and, after an all-to-all, receives from each: one host sync.
+    Each count travels with ``shape``, which every rank's must equal (:class:`RowShape`)."""
+    world_size = send_counts.numel()
+    encoded = torch.tensor(shape.encoded(), dtype=torch.int64, device=send_counts.device)
+    sent = torch.cat((send_counts.reshape(world_size, 1), encoded.expand(world_size, 3)), dim=1)
+    received = torch.empty_like(sent)
     try:
-        dist.all_to_all_single(recv_counts, send_counts, group=group)
+        dist.all_to_all_single(received.view(-1), sent.view(-1), group=group)
     except RuntimeError as error:  # gloo's timeout: a rank that skipped the layer
         raise _first_collective_failed("all-to-all dispatch", error) from error
-    both = [int(count) for count in torch.cat((send_counts, recv_counts)).tolist()]
-    world_size = send_counts.numel()
-    return tuple(both[:world_size]), tuple(both[world_size:])
+    both = torch.cat((sent, received)).tolist()
+    shape.require_same([row[1:] for row in both[world_size:]], "all-to-all dispatch")
+    return tuple(int(row[0]) for row in both[:world_size]), tuple(int(row[0]) for row in both[world_size:])
 
 
 def all_to_all_rows(
@@ -70,14 +116,19 @@ def all_gather_rows(rows: torch.Tensor, group: dist.ProcessGroup, world_size: in
     return gathered
 
 
-def gather_counts(count: int, device: torch.device, group: dist.ProcessGroup, world_size: int) -> tuple[int, ...]:
-    """Every rank's ``count``, in rank order: one host sync."""
-    mine = torch.tensor([[count]], dtype=torch.int64, device=device)
+def gather_counts(
+    count: int, device: torch.device, group: dist.ProcessGroup, world_size: int, shape: RowShape
+) -> tuple[int, ...]:
+    """Every rank's ``count``, in rank order: one host sync. Each travels with ``shape``, which every rank's must
+    equal (:class:`RowShape`)."""
+    mine = torch.tensor([[count, *shape.encoded()]], dtype=torch.int64, device=device)
     try:
         gathered = all_gather_rows(mine, group, world_size)
     except RuntimeError as error:  # gloo's timeout: a rank that skipped the layer
         raise _first_collective_failed("all-gather dispatch", error) from error
-    return tuple(int(value) for value in gathered.flatten().tolist())
+    rows = gathered.tolist()
+    shape.require_same([row[1:] for row in rows], "all-gather dispatch")
+    return tuple(int(row[0]) for row in rows)
 
 
 def sum_rows(rows: torch.Tensor, group: dist.ProcessGroup) -> None:
