@@ -245,6 +245,23 @@ def mixed_dtype(group: dist.ProcessGroup, dispatcher: str, rank: int, device: to
     return Verdict(None, 0)
 
 
+def replicated_other_tokens(group: dist.ProcessGroup, device: torch.device) -> Verdict:
+    """``TokenSharding.REPLICATED`` where each rank holds its own tokens but the same top-k, so every slot still has
+    one writer (adversarial pass 6, c37: such steps ran, most of them wrong by up to 9.3); the error each rank raises,
+    if any."""
+    placement = ExpertPlacement(NUM_EXPERTS, group.size())
+    config = MoeRunnerConfig(num_experts=NUM_EXPERTS, hidden_size=HIDDEN, intermediate_size_per_partition=INTER, top_k=2)
+    topk = select_experts(torch.randn(1, NUM_EXPERTS, generator=torch.Generator().manual_seed(0)).to(device), config)
+    x = torch.randn(1, HIDDEN, generator=torch.Generator().manual_seed(1 + group.rank())).to(device)
+    made = AllGatherDispatcher(group, placement, TokenSharding.REPLICATED)
+    try:
+        dispatched = made.dispatch(x, topk)
+        made.combine(dispatched.dispatch.hidden_states.clone(), dispatched.handle)
+    except ValueError as error:
+        return Verdict(str(error), 0)
+    return Verdict(None, 0)
+
+
 def run_world(rank: int, world_size: int, folder: str, seed: int) -> None:
     """One rank: every case, its verdicts written to ``folder/rank<rank>.json``, its stderr (a native crash's stack
     included) to ``folder/rank<rank>.log`` for the fixture to show."""
@@ -267,6 +284,7 @@ def run_world(rank: int, world_size: int, folder: str, seed: int) -> None:
             verdicts[case_id(fmt, dispatcher, scenario)] = attrs.asdict(verdict)
         for name in MIXED_DTYPE_DISPATCHERS:
             verdicts[f"mixed-dtype/{name}"] = attrs.asdict(mixed_dtype(group, name, rank, device))
+        verdicts["replicated-other-tokens"] = attrs.asdict(replicated_other_tokens(group, device))
     except Exception:  # a rank that stops leaves the others in a collective until the timeout: report, do not hide
         verdicts["crash"] = traceback.format_exc()
     finally:
@@ -335,3 +353,16 @@ def test_ranks_of_another_dtype_are_refused_by_name_on_every_rank(world: list[di
     for error in errors:
         assert error is not None and "every rank runs the layer in one dtype and hidden size" in error, error
     assert "torch.bfloat16" in str(errors[0]) and "torch.float32" in str(errors[1])
+
+
+@pytest.mark.distributed
+def test_replicated_tokens_that_differ_between_ranks_are_refused(world: list[dict[str, Verdict]]) -> None:
+    """Silent (adversarial pass 6, c37): per-rank tokens wired as ``TokenSharding.REPLICATED`` with top-k that give
+    every slot one writer passed the writer count and returned other ranks' slot outputs. Each slot's digest of the
+    token, expert and weight every rank holds must agree now."""
+    errors = [ranks["replicated-other-tokens"].error for ranks in world]
+    if len(world) == 1:
+        assert errors == [None]
+        return
+    for error in errors:
+        assert error is not None and "is another (token, expert, weight) on some rank" in error, error

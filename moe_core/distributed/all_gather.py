@@ -17,7 +17,9 @@ zero bytes on every other rank. It is reduced as uint8, and an integer sum
 with a single non-zero addend is that addend, so the reduction hands over
 each slot output's bytes whatever order the collective adds in. Under
 replicated tokens each slot carries one more byte, 1 where a rank wrote it,
-so a sum of another writer count (ranks that held different tokens) is refused. The slots a
+and a digest of the token, expert and weight each rank holds for it, so a
+sum of another writer count or digest (ranks that held different tokens) is
+refused. The slots a
 rank computes are selected in gathered ``(token, slot)`` order, which is the
 layer's order with tokens numbered rank by rank, so each expert sees the
 single-rank layer's rows (see :mod:`moe_core.distributed.all_to_all`). The
@@ -99,6 +101,26 @@ class AllGatherHandle:
     token_counts: tuple[int, ...]
     """Tokens of each rank, in rank order (one entry, this rank's, when tokens are replicated)."""
     top_k: int
+    digests: torch.Tensor | None = None
+    """Replicated tokens: uint8 ``[T * K, DIGEST_PIECES]``, each slot's token, expert and weight as this rank sees
+    them (:func:`view_digests`), which every rank's must equal."""
+
+
+DIGEST_PIECES = 8
+"""A slot's 16-bit digest in 2-bit pieces, one a byte: summed over up to :data:`DIGEST_RANKS` ranks no byte wraps."""
+DIGEST_RANKS = 85
+
+
+def view_digests(rows: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[T * K, DIGEST_PIECES]``: a 16-bit hash of each ``(token, slot)``'s encoded token bytes (``rows [T, B]``),
+    expert id and weight (``[T, K]``), in 2-bit pieces."""
+    places = torch.arange(rows.shape[1], device=rows.device) % 65521 + 1
+    tokens = (rows.to(torch.int64) * places).sum(dim=1)
+    weight_bits = weights.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
+    slots = (tokens[:, None] * 40503 + ids.to(torch.int64) * 7919 + weight_bits).flatten()
+    digest = (slots ^ (slots >> 16) ^ (slots >> 32)) & 0xFFFF
+    shifts = torch.arange(0, 2 * DIGEST_PIECES, 2, device=rows.device)
+    return ((digest[:, None] >> shifts) & 3).to(torch.uint8)
 
 
 def slot_buffer(out: torch.Tensor, handle: AllGatherHandle) -> torch.Tensor:
@@ -136,14 +158,17 @@ def gather_slots(
         rows, ids, weights, token_counts, placement.experts_of(group.rank())
     )
     dispatch = payload.decode(slot_tokens, slot_ids, slot_weights, topk.num_experts)
-    return Dispatched(dispatch, AllGatherHandle(selected, token_counts, topk.top_k))
+    digests = None
+    if tokens is TokenSharding.REPLICATED and group.size() <= DIGEST_RANKS:
+        digests = view_digests(rows, ids, weights)
+    return Dispatched(dispatch, AllGatherHandle(selected, token_counts, topk.top_k, digests))
 
 
 def scatter_slots(out: torch.Tensor, handle: AllGatherHandle, group: dist.ProcessGroup, tokens: TokenSharding) -> torch.Tensor:
     """Every slot output to its token's rank (bytes, exactly), then each token's slots added in slot order."""
     buffer = slot_buffer(out, handle)
     if tokens is TokenSharding.REPLICATED:
-        mine = _sum_replicated(buffer, handle.selected, group)
+        mine = _sum_replicated(buffer, handle, group)
     else:
         rank = group.rank()
         mine = reduce_scatter_rows(buffer, group, rank, group.size())
@@ -151,21 +176,27 @@ def scatter_slots(out: torch.Tensor, handle: AllGatherHandle, group: dist.Proces
     return sum_slots(from_bytes(mine, out.dtype, out.shape[1]), handle.top_k)
 
 
-def _sum_replicated(buffer: torch.Tensor, selected: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """``buffer`` summed over the ranks, with one more byte per slot: 1 where this rank wrote it. Replicated tokens
-    give every slot exactly one writer; a sum of another count means the ranks held different tokens or top-k (each
-    slot then mixes ranks' bytes), which is refused instead of returning garbage (one host sync)."""
-    written = buffer.new_zeros((buffer.shape[0], 1)).index_fill_(0, selected, 1)
-    flagged = torch.cat((buffer, written), dim=1)
+def _sum_replicated(buffer: torch.Tensor, handle: AllGatherHandle, group: dist.ProcessGroup) -> torch.Tensor:
+    """``buffer`` summed over the ranks, with one more byte per slot, 1 where this rank wrote it, and the slot's
+    :func:`view_digests` pieces. Replicated tokens give every slot exactly one writer and every rank's digest; another
+    writer count, or a digest sum other than the world size times this rank's, means the ranks held different tokens
+    or top-k (slots then mix or miss ranks' bytes): refused instead of returning garbage (one host sync)."""
+    written = buffer.new_zeros((buffer.shape[0], 1)).index_fill_(0, handle.selected, 1)
+    digests = handle.digests if handle.digests is not None else buffer.new_zeros((buffer.shape[0], 0))
+    flagged = torch.cat((buffer, written, digests), dim=1)
     sum_rows(flagged, group)
-    writers = flagged[:, -1]
-    if bool((writers != 1).any()):
-        slot = int((writers != 1).nonzero()[0, 0])
+    width = buffer.shape[1]
+    writers = flagged[:, width]
+    differ = (writers != 1) | (flagged[:, width + 1 :].to(torch.int64) != digests.to(torch.int64) * group.size()).any(dim=1)
+    if bool(differ.any()):
+        slot = int(differ.nonzero()[0, 0])
+        count = int(writers[slot])
+        what = f"was computed by {count} ranks, not one" if count != 1 else "is another (token, expert, weight) on some rank"
         raise ValueError(
-            f"TokenSharding.REPLICATED: slot {slot} was computed by {int(writers[slot])} ranks, not one: the ranks hold "
-            "different tokens or top-k; data-parallel attention (each rank its own tokens) takes TokenSharding.PER_RANK"
+            f"TokenSharding.REPLICATED: slot {slot} {what}: the ranks hold different tokens or top-k; data-parallel "
+            "attention (each rank its own tokens) takes TokenSharding.PER_RANK"
         )
-    return flagged[:, :-1]
+    return flagged[:, :width]
 
 
 @final
