@@ -90,7 +90,7 @@ def test_a_backend_that_ignores_the_activation_the_routing_or_the_scaling_factor
     assert rows[f"{scaled} ignores-scaling-factor"][-1].startswith("FAILED: error above")
     assert rows[f"{scaled} ignores-activation"][-1] == "ok"
     failed = {" ".join(cells[:2]) for cells in table_lines(out) if cells[-1].startswith("FAILED")}
-    assert all("ignores-" in key for key in failed), failed
+    assert all("ignores-" in key or "drops-small-slots" in key for key in failed), failed
 
 
 def test_the_default_check_passes_its_variants(capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,3 +103,19 @@ def test_the_default_check_passes_its_variants(capsys: pytest.CaptureFixture[str
     assert len(oracle_rows) >= 5 * 5
     triton = [cells for cells in variant_rows if cells[1].startswith("triton-") and cells[-1] == "ok"]
     assert triton, "Triton's interpreter runs the variants it takes"
+
+
+@pytest.mark.usefixtures("ignoring_plugins")
+def test_a_backend_wrong_on_some_slots_or_past_some_tokens_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    """Silent in ``moe-core check`` (adversarial pass 6): a plugin that skips slots weighted under 0.1 passed every row
+    (its variants ran 4 tokens, its main row 9.8e-3 under a flat 5e-2; router logits N(0, 1) seldom weight a slot
+    that low), then ran 3e-2 off in production (c13); a plugin wrong past 64 tokens passed the 64-token check (c29).
+    Variants run the whole batch, router logits are as spread as trained routers', dense formats default to two
+    epsilons of the dtype, and every format also runs 1 and ``4 T + 1`` tokens."""
+    assert main(["check", "--tokens", "32", "--experts", "8", "--hidden", "32", "--intermediate", "32", "--iters", "1"]) == 1
+    rows = table_rows(capsys.readouterr().out)
+    assert rows["dense chunks-wrong"][-1] == rows["dense[tokens=1] chunks-wrong"][-1] == "ok", "right within its chunk"
+    assert rows["dense[tokens=129] chunks-wrong"][-1].startswith("FAILED: error above 0.0156")
+    assert rows["dense[tokens=129] ignores-biases"][-1] == "ok"
+    assert rows["dense drops-small-slots"][-1].startswith("FAILED: error above 0.0156")
+    assert rows["dense[routing=softmax_topk] drops-small-slots"][-1].startswith("FAILED: error above 0.0156")

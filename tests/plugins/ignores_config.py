@@ -1,13 +1,13 @@
 """A plugin that claims every config yet computes only the default one, for the tests of ``moe-core check``'s variants.
 
-Importing this module registers five dense backends: one that always
+Importing this module registers seven dense backends: one that always
 computes gated SiLU, whatever the config's activation, one that computes the
 config's activation without its limits (the clamped and limited SwiGLUs),
 one that drops the routed scaling factor, one that drops the experts'
-biases, and one that weights every
-expert's output by its top-k weight whatever the routing method (Llama 4's
-weights scale the expert's input). All answer ``supports`` with ok for any
-layer.
+biases, one that weights every expert's output by its top-k weight whatever
+the routing method (Llama 4's weights scale the expert's input), one that
+skips slots of small weight, and one that is wrong past 48 tokens. All
+answer ``supports`` with ok for any layer.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from moe_core import (
     MoeRunnerConfig,
     Runner,
     SigmoidTopK,
+    StandardDispatchOutput,
+    TopKOutput,
     register_backend,
 )
 from moe_core.backends.reference import ORACLE, REFERENCE_DENSE, reference_supports
@@ -96,6 +98,45 @@ class OutputWeightingRunner:
         return REFERENCE_DENSE.factory(weighted).run(dispatch, quant_info)
 
 
+SMALL_WEIGHT = 0.1
+"""Slots weighted less than this are dropped by :class:`SmallSlotDroppingRunner`."""
+
+
+@attrs.frozen
+class SmallSlotDroppingRunner:
+    """The dense reference, with the slots of top-k weight under :data:`SMALL_WEIGHT` skipped (a "fast path" that
+    is right wherever the routing is confident: adversarial pass 6, c13)."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        topk = dispatch.topk
+        kept = torch.where(topk.topk_weights < SMALL_WEIGHT, torch.zeros_like(topk.topk_weights), topk.topk_weights)
+        pruned = StandardDispatchOutput(
+            dispatch.hidden_states, TopKOutput(topk.topk_ids, kept, num_experts=topk.num_experts, check_values=False)
+        )
+        return REFERENCE_DENSE.factory(self.config).run(pruned, quant_info)
+
+
+CHUNK_TOKENS = 48
+"""Tokens :class:`ChunkingRunner` computes right: those past it it takes from the first chunk's outputs."""
+
+
+@attrs.frozen
+class ChunkingRunner:
+    """The dense reference on the first :data:`CHUNK_TOKENS` tokens, whose outputs it repeats for the rest (a chunk
+    loop that never advanced: adversarial pass 6, c29, wrong only past the check's own token count)."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        out = REFERENCE_DENSE.factory(self.config).run(dispatch, quant_info)
+        tokens = out.shape[0]
+        if tokens <= CHUNK_TOKENS:
+            return out
+        return out[torch.arange(tokens, device=out.device) % CHUNK_TOKENS].contiguous()
+
+
 IGNORING: tuple[tuple[str, str, Callable[[MoeRunnerConfig], Runner[DenseMoeWeights]]], ...] = (
     ("ignores-activation", "claims every activation, computes gated SiLU", AlwaysSiluRunner),
     ("ignores-limits", "claims every activation, computes the clamped and limited SwiGLUs without their limits",
@@ -103,6 +144,8 @@ IGNORING: tuple[tuple[str, str, Callable[[MoeRunnerConfig], Runner[DenseMoeWeigh
     ("ignores-scaling-factor", "claims every routed scaling factor, applies none", UnscaledRunner),
     ("ignores-biases", "claims expert biases, adds none", UnbiasedRunner),
     ("ignores-routing", "claims every routing method, weights every expert's output", OutputWeightingRunner),
+    ("drops-small-slots", f"skips slots weighted under {SMALL_WEIGHT}", SmallSlotDroppingRunner),
+    ("chunks-wrong", f"right on {CHUNK_TOKENS} tokens, repeats them past that", ChunkingRunner),
 )
 """Each plugin's name, what it claims and computes, and its runner."""
 
