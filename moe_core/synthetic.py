@@ -36,7 +36,7 @@ def random_dense_layer(
     Weights are N(0, 1/fan_in), so activations stay O(1); each expert's up
     rows are scaled by its own random factor (0.4x to 2.5x), so that NVFP4
     quantization gives gate and up different global scales, as real
-    checkpoints have them. Router logits are N(0, :data:`ROUTER_LOGIT_STD`\ :sup:`2`).
+    checkpoints have them. Router logits are normal with standard deviation :data:`ROUTER_LOGIT_STD`.
     """
     gen = torch.Generator().manual_seed(seed)
     experts, hidden, inter = config.num_local_experts, config.hidden_size, config.intermediate_size_per_partition

@@ -270,8 +270,11 @@ def test_fp8_per_tensor_weights_with_dynamic_activations(gen: torch.Generator) -
 
 
 def test_fp8_per_channel_weights_with_static_activations(gen: torch.Generator) -> None:
-    """The other pairing: per-channel weight scales with calibrated static input scales, against the float64 MoE."""
-    config, dispatch, dense = fp8_layers(gen, SHAPES[1], torch.float32)
+    """The other pairing: per-channel weight scales with calibrated static input scales, against the float64 MoE.
+
+    At a small layer on every device: the tokens with an input at an E4M3 tie are left out, and at a real layer's
+    width (H=2048, 8 experts a token) every token has some (36 of 37 left out on the H100)."""
+    config, dispatch, dense = fp8_layers(gen, SMALL[1], torch.float32)
     scales = quantize_fp8_layer(config, dense, dispatch)
     channel = quantize_fp8_channel_layer(config, dense, dispatch)
     static = StaticFp8Activations(w13_input_scale=scales.w13_input_scale, w2_input_scale=scales.w2_input_scale)
