@@ -289,6 +289,11 @@ class MoeCheckpoint:
         """Read ``config.json`` and the shard index of ``directory``; raises naming what is missing or wrong."""
         self.directory = Path(directory)
         """The checkpoint directory."""
+        if self.directory.is_file():
+            raise NotADirectoryError(
+                f"{self.directory}: expected a checkpoint directory (holding config.json and the safetensors shards), "
+                "got a file"
+            )
         config = _read_json(self.directory / "config.json")
         self.config: Mapping[str, object] = ReadOnlyConfig(config)
         """``config.json`` as read, read-only: what it says is taken as the checkpoint is opened, so a write into it
@@ -425,7 +430,20 @@ class MoeCheckpoint:
                     yield key, handle.get_tensor(key)
 
     def router_weight(self, layer: int) -> torch.Tensor:
-        """The router's ``[num_experts, hidden]`` weight of ``layer`` (its whole router: :meth:`router`)."""
+        """The router's ``[num_experts, hidden]`` weight of ``layer``, for a router that is its weight alone; where the
+        checkpoint's router also adds a logit bias (gpt-oss), ``ValueError`` naming :meth:`router`, which takes the
+        whole router (a ``Router`` of the weight alone picked other experts and weights, silently: adversarial pass
+        6, c28)."""
+        bias = f"{self.block_prefix(layer)}.{self.names.router}.bias"
+        if bias in self.weight_map:
+            raise ValueError(
+                f"router_weight: layer {layer}'s router also adds a logit bias ({bias}); a router of its weight alone "
+                "routes other experts: take the whole router with router(layer)"
+            )
+        return self._router_weight(layer)
+
+    def _router_weight(self, layer: int) -> torch.Tensor:
+        """The router's weight of ``layer``, whatever else the router holds."""
         key = f"{self.block_prefix(layer)}.{self.names.router}.weight"
         if key not in self.weight_map:
             raise KeyError(f"{key}: not in {self.directory}")
@@ -438,7 +456,7 @@ class MoeCheckpoint:
         architecture computes its router so (DeepSeek-V3); on ``device`` (default: the CPU). Route with
         :func:`~moe_core.routing.route`: the bias that chooses DeepSeek-V3's experts comes with it."""
         prefix = f"{self.block_prefix(layer)}.{self.names.router}"
-        weight = self.router_weight(layer)
+        weight = self._router_weight(layer)
         extra = {name: f"{prefix}.{name}" for name in ("bias", "e_score_correction_bias")}
         present = {name: key for name, key in extra.items() if key in self.weight_map}
         tensors = dict(self._read(list(present.values())))

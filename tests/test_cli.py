@@ -401,6 +401,8 @@ def test_check_exits_3_naming_a_damaged_file(
 def test_check_checkpoint_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["check", "--checkpoint", str(tmp_path)]) == 2
     assert "config.json: not found" in capsys.readouterr().err
+    assert main(["check", "--checkpoint", str(FIXTURES / "qwen3_moe_bf16" / "config.json")]) == 2
+    assert "config.json: expected a checkpoint directory (holding config.json" in capsys.readouterr().err
     assert main(["check", "--checkpoint", str(FIXTURES / "qwen3_moe_bf16"), "--layer", "7"]) == 2
     assert "has MoE experts in layers [0, 1], not in layer 7" in capsys.readouterr().err
     for argv, message in (

@@ -220,3 +220,14 @@ def test_the_bf16_degradation_is_exact() -> None:
     dense = MXFP4_TO_BF16.convert(weights)
     assert dense.w13.dtype == torch.bfloat16
     assert torch.equal(dense.w13.float(), weights.w13.dequantize()) and torch.equal(dense.w2.float(), weights.w2.dequantize())
+
+
+def test_the_router_weight_alone_of_a_router_with_a_bias_is_refused() -> None:
+    """Silent (adversarial pass 6, c28): ``Router(weight=checkpoint.router_weight(0))`` of gpt-oss dropped the router's
+    logit bias and routed other experts (0.012-0.14 off). The weight alone is refused where the router has a bias,
+    naming the whole router, which keeps it."""
+    checkpoint = MoeCheckpoint(FIXTURE)
+    with pytest.raises(ValueError, match=r"router_weight: layer 0's router also adds a logit bias .* router\(layer\)"):
+        checkpoint.router_weight(0)
+    router = checkpoint.router(0)
+    assert router.bias is not None and router.weight.shape == (checkpoint.runner_config().num_experts, checkpoint.hidden_size)
