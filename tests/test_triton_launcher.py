@@ -165,6 +165,10 @@ def test_the_memo_keys_forwards_by_tokens_and_dtypes_and_forgets_the_oldest() ->
     memo.forward(weights, dispatch(3), plan(3))
     assert planned[-1] == 3 and len(planned) == 3 + ForwardMemo.LIMIT, "the oldest key was forgotten"
     assert copy.deepcopy(memo).sites(weights) == [], "a copy starts empty"
+    before = len(planned)
+    object.__setattr__(weights, "w13", torch.randn(4, 16, 8).half())  # replaced behind the frozen field
+    memo.forward(weights, dispatch(3), plan(3))
+    assert len(planned) == before + 1, "a quant info whose tensors were replaced is planned afresh"
 
 
 GPU_SHAPE = (37, 8, 2, 1024, 512, 8, 0)

@@ -33,20 +33,58 @@ ForwardKey = tuple[int, torch.dtype, torch.device, torch.dtype, torch.dtype]
 """Tokens, the hidden states' dtype and device, the top-k ids' and weights' dtypes."""
 
 
+Chain = tuple[str, ...]
+"""Attribute names from a quant info down to one of its tensors."""
+
+
+def tensor_chains(value: object, chain: Chain = ()) -> list[tuple[Chain, torch.Tensor]]:
+    """Every tensor ``value`` holds through attrs fields (nested), with its chain of attribute names."""
+    if isinstance(value, torch.Tensor):
+        return [(chain, value)]
+    kind = type(value)
+    if not attrs.has(kind):
+        return []
+    return [found for field in attrs.fields(kind) for found in tensor_chains(getattr(value, field.name), (*chain, field.name))]
+
+
+def _reach(value: object, chain: Chain) -> object:
+    """The attribute at ``chain`` below ``value``."""
+    for name in chain:
+        value = getattr(value, name)
+    return value
+
+
+@final
+class _Forwards:
+    """One quant info's forwards by key, and the tensors it held when the first was planned."""
+
+    __slots__ = ("by_key", "tensors")
+
+    def __init__(self, quant_info: object) -> None:
+        self.tensors = tensor_chains(quant_info)
+        self.by_key: dict[ForwardKey, tuple[Launches, dict[str, LaunchSite]]] = {}
+
+    def current(self, quant_info: object) -> bool:
+        """Whether ``quant_info`` still holds the same tensor objects (not replaced behind its frozen fields)."""
+        return all(_reach(quant_info, chain) is tensor for chain, tensor in self.tensors)
+
+
 @final
 class ForwardMemo:
     """Each quant info's launches and launch sites per :data:`ForwardKey`, while the quant info lives.
 
     At most :attr:`LIMIT` keys per quant info (the oldest goes first): an
-    engine's eager prefill meets many token counts. A copy starts empty.
+    engine's eager prefill meets many token counts. A quant info whose
+    tensors were replaced behind its frozen fields (``object.__setattr__``)
+    is planned afresh rather than run on the tensors it held. A copy starts
+    empty.
     """
 
     LIMIT = 64
     __slots__ = ("_by_weights",)
 
     def __init__(self) -> None:
-        self._by_weights: weakref.WeakKeyDictionary[object, dict[ForwardKey, tuple[Launches, dict[str, LaunchSite]]]]
-        self._by_weights = weakref.WeakKeyDictionary()
+        self._by_weights: weakref.WeakKeyDictionary[object, _Forwards] = weakref.WeakKeyDictionary()
 
     def __reduce__(self) -> tuple[type[ForwardMemo], tuple[()]]:
         """Copies and pickles start empty (launch sites hold compiled binaries)."""
@@ -63,19 +101,19 @@ class ForwardMemo:
             forwards = self._by_weights.get(quant_info)
         except TypeError:
             return plan(), None
-        if forwards is None:
-            forwards = self._by_weights[quant_info] = {}
-        found = forwards.get(key)
+        if forwards is None or not forwards.current(quant_info):
+            forwards = self._by_weights[quant_info] = _Forwards(quant_info)
+        found = forwards.by_key.get(key)
         if found is None:
-            if len(forwards) >= self.LIMIT:
-                del forwards[next(iter(forwards))]
-            found = forwards[key] = (plan(), {})
+            if len(forwards.by_key) >= self.LIMIT:
+                del forwards.by_key[next(iter(forwards.by_key))]
+            found = forwards.by_key[key] = (plan(), {})
         return found
 
     def sites(self, quant_info: object) -> list[LaunchSite]:
         """Every launch site kept for ``quant_info`` (benchmarks and tests read whether they launch directly)."""
-        forwards = self._by_weights.get(quant_info, {})
-        return [site for _, sites in forwards.values() for site in sites.values()]
+        forwards = self._by_weights.get(quant_info)
+        return [] if forwards is None else [site for _, sites in forwards.by_key.values() for site in sites.values()]
 
 
 @final
