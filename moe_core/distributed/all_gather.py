@@ -17,9 +17,8 @@ zero bytes on every other rank. It is reduced as uint8, and an integer sum
 with a single non-zero addend is that addend, so the reduction hands over
 each slot output's bytes whatever order the collective adds in. Under
 replicated tokens each slot carries one more byte, 1 where a rank wrote it,
-and a digest of the token, expert and weight each rank holds for it, so a
-sum of another writer count or digest (ranks that held different tokens) is
-refused. The slots a
+and a digest of the expert each rank routed it to, so a sum of another
+writer count or digest (ranks that held different tokens) is refused. The slots a
 rank computes are selected in gathered ``(token, slot)`` order, which is the
 layer's order with tokens numbered rank by rank, so each expert sees the
 single-rank layer's rows (see :mod:`moe_core.distributed.all_to_all`). The
@@ -102,8 +101,8 @@ class AllGatherHandle:
     """Tokens of each rank, in rank order (one entry, this rank's, when tokens are replicated)."""
     top_k: int
     digests: torch.Tensor | None = None
-    """Replicated tokens: uint8 ``[T * K, DIGEST_PIECES]``, each slot's token, expert and weight as this rank sees
-    them (:func:`view_digests`), which every rank's must equal."""
+    """Replicated tokens: uint8 ``[T * K, DIGEST_PIECES]``, each slot's expert as this rank routed it
+    (:func:`view_digests`), which every rank's must equal."""
 
 
 DIGEST_PIECES = 8
@@ -111,15 +110,20 @@ DIGEST_PIECES = 8
 DIGEST_RANKS = 85
 
 
-def view_digests(rows: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """uint8 ``[T * K, DIGEST_PIECES]``: a 16-bit hash of each ``(token, slot)``'s encoded token bytes (``rows [T, B]``),
-    expert id and weight (``[T, K]``), in 2-bit pieces."""
-    places = torch.arange(rows.shape[1], device=rows.device) % 65521 + 1
-    tokens = (rows.to(torch.int64) * places).sum(dim=1)
-    weight_bits = weights.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
-    slots = (tokens[:, None] * 40503 + ids.to(torch.int64) * 7919 + weight_bits).flatten()
-    digest = (slots ^ (slots >> 16) ^ (slots >> 32)) & 0xFFFF
-    shifts = torch.arange(0, 2 * DIGEST_PIECES, 2, device=rows.device)
+def view_digests(ids: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[T * K, DIGEST_PIECES]``: a 16-bit hash of each ``(token, slot)``'s position and expert id
+    (``ids [T, K]``), in 2-bit pieces.
+
+    The ids, not the token's bytes or weight: ranks that route the same
+    tokens may differ in their last bits (each computes the router itself;
+    3e-7 between two ranks' weights was refused as other tokens: adversarial
+    pass 7, c11), and each slot's output is its owner's alone. Ranks that
+    hold other tokens pick other experts for some slot.
+    """
+    flat = ids.reshape(-1).to(torch.int64)
+    slots = flat * 40503 + torch.arange(flat.numel(), device=ids.device) * 7919
+    digest = (slots ^ (slots >> 16)) & 0xFFFF
+    shifts = torch.arange(0, 2 * DIGEST_PIECES, 2, device=ids.device)
     return ((digest[:, None] >> shifts) & 3).to(torch.uint8)
 
 
@@ -149,7 +153,7 @@ def gather_slots(
     token_counts: tuple[int, ...] = (topk.num_tokens,)
     if tokens is TokenSharding.PER_RANK:
         world_size = group.size()
-        shape = RowShape(payload.row_bytes, hidden_states.dtype, int(hidden_states.shape[1]))
+        shape = RowShape(payload.row_bytes, hidden_states.dtype, int(hidden_states.shape[1]), topk.top_k)
         token_counts = gather_counts(topk.num_tokens, hidden_states.device, group, world_size, shape)
         layout = token_layout(payload.row_bytes, topk.top_k)
         packed = F.pad(layout.pack(rows, ids, weights), (0, 0, 0, max(token_counts) - topk.num_tokens))
@@ -160,7 +164,7 @@ def gather_slots(
     dispatch = payload.decode(slot_tokens, slot_ids, slot_weights, topk.num_experts)
     digests = None
     if tokens is TokenSharding.REPLICATED and group.size() <= DIGEST_RANKS:
-        digests = view_digests(rows, ids, weights)
+        digests = view_digests(ids)
     return Dispatched(dispatch, AllGatherHandle(selected, token_counts, topk.top_k, digests))
 
 
@@ -179,8 +183,8 @@ def scatter_slots(out: torch.Tensor, handle: AllGatherHandle, group: dist.Proces
 def _sum_replicated(buffer: torch.Tensor, handle: AllGatherHandle, group: dist.ProcessGroup) -> torch.Tensor:
     """``buffer`` summed over the ranks, with one more byte per slot, 1 where this rank wrote it, and the slot's
     :func:`view_digests` pieces. Replicated tokens give every slot exactly one writer and every rank's digest; another
-    writer count, or a digest sum other than the world size times this rank's, means the ranks held different tokens
-    or top-k (slots then mix or miss ranks' bytes): refused instead of returning garbage (one host sync)."""
+    writer count, or a digest sum other than the world size times this rank's, means the ranks routed different
+    tokens or top-k (slots then mix or miss ranks' bytes): refused instead of returning garbage (one host sync)."""
     written = buffer.new_zeros((buffer.shape[0], 1)).index_fill_(0, handle.selected, 1)
     digests = handle.digests if handle.digests is not None else buffer.new_zeros((buffer.shape[0], 0))
     flagged = torch.cat((buffer, written, digests), dim=1)
@@ -191,7 +195,7 @@ def _sum_replicated(buffer: torch.Tensor, handle: AllGatherHandle, group: dist.P
     if bool(differ.any()):
         slot = int(differ.nonzero()[0, 0])
         count = int(writers[slot])
-        what = f"was computed by {count} ranks, not one" if count != 1 else "is another (token, expert, weight) on some rank"
+        what = f"was computed by {count} ranks, not one" if count != 1 else "is routed to another expert on some rank"
         raise ValueError(
             f"TokenSharding.REPLICATED: slot {slot} {what}: the ranks hold different tokens or top-k; data-parallel "
             "attention (each rank its own tokens) takes TokenSharding.PER_RANK"

@@ -61,11 +61,14 @@ class RowShape:
     row_bytes: int
     dtype: torch.dtype
     hidden_size: int
+    top_k: int
+    """The layer's experts per token (an all-gather's token rows carry the top-k: a rank of another top-k made gloo
+    abort its peer, adversarial pass 7, c12)."""
 
-    def encoded(self) -> tuple[int, int, int]:
-        """The three integers sent beside each count."""
+    def encoded(self) -> tuple[int, int, int, int]:
+        """The four integers sent beside each count."""
         code = WIRE_DTYPES.index(self.dtype) if self.dtype in WIRE_DTYPES else -1
-        return self.row_bytes, code, self.hidden_size
+        return self.row_bytes, code, self.hidden_size, self.top_k
 
     def require_same(self, received: list[list[int]], where: str) -> None:
         """Raise ``ValueError`` naming the first rank whose encoded shape differs from this one's."""
@@ -75,8 +78,9 @@ class RowShape:
                 dtype = WIRE_DTYPES[theirs[1]] if 0 <= theirs[1] < len(WIRE_DTYPES) else "another dtype"
                 raise ValueError(
                     f"{where}: rank {rank} sends rows of {theirs[0]} bytes from {dtype} hidden states of width "
-                    f"{theirs[2]}, this rank {self.row_bytes} bytes from {self.dtype} of width {self.hidden_size}: "
-                    "every rank runs the layer in one dtype and hidden size"
+                    f"{theirs[2]} at top-{theirs[3]}, this rank {self.row_bytes} bytes from {self.dtype} of width "
+                    f"{self.hidden_size} at top-{self.top_k}: every rank runs the layer in one dtype, hidden size "
+                    "and top-k"
                 )
 
 
@@ -87,7 +91,7 @@ def exchange_counts(
     Each count travels with ``shape``, which every rank's must equal (:class:`RowShape`)."""
     world_size = send_counts.numel()
     encoded = torch.tensor(shape.encoded(), dtype=torch.int64, device=send_counts.device)
-    sent = torch.cat((send_counts.reshape(world_size, 1), encoded.expand(world_size, 3)), dim=1)
+    sent = torch.cat((send_counts.reshape(world_size, 1), encoded.expand(world_size, encoded.numel())), dim=1)
     received = torch.empty_like(sent)
     try:
         dist.all_to_all_single(received.view(-1), sent.view(-1), group=group)
