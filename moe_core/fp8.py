@@ -360,35 +360,42 @@ def _refuse_misscaled_codes(name: str, codes: torch.Tensor) -> None:
         )
 
 
-def _rows_at_max(codes: torch.Tensor, experts: Sequence[int]) -> list[tuple[int, int]]:
-    """Per expert of ``codes [E, rows, cols]`` in ``experts``: its nonzero rows, and how many of them hold a +-448
-    code (pruned, all-zero rows say nothing of the scales' granularity)."""
+def _rows_at_max(codes: torch.Tensor, experts: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Per expert of ``codes [E, rows, cols]`` in ``experts``: its nonzero rows, how many of them hold a +-448 code,
+    and how many +-448 codes they hold (pruned, all-zero rows say nothing of the scales' granularity)."""
     counts = []
     for expert in experts:  # one expert's bytes at a time: DeepSeek-V3's w13 is 7.5 GB
         magnitudes = codes[expert].view(torch.uint8) & 0x7F
         nonzero = (magnitudes != 0).any(dim=1)
-        at_max = (magnitudes == _E4M3_MAX_BITS).any(dim=1) & nonzero
-        counts.append((int(nonzero.sum()), int(at_max.sum())))
+        at_max = (magnitudes == _E4M3_MAX_BITS) & nonzero[:, None]
+        counts.append((int(nonzero.sum()), int(at_max.any(dim=1).sum()), int(at_max.sum())))
     return counts
+
+
+SATURATED_PER_ROW = 2.0
+"""Per-channel codes hold about one +-448 a row (the row's amax; a second only within 1/28 of it); per-tensor codes
+of a scale calibrated below the amax (a percentile observer's) saturate several in every wide row. At this many a
+row or more, every row at +-448 is taken for clipping, not for per-channel codes (adversarial pass 7, c26)."""
 
 
 def _refuse_per_channel_codes(name: str, codes: torch.Tensor) -> None:
     """Refuse codes quantized per channel under per-tensor scales (per-channel scales collapsed, codes kept).
 
     Per channel, each row's largest magnitude is its own amax over its own
-    ``amax / 448`` scale: every nonzero row holds a +-448 code. Per tensor
-    only the rows near the matrix's amax do (within one E4M3 step, 1/28 of
-    it), so a real matrix with every nonzero row there in every expert is not
-    per-tensor data; its rows would dequantize up to each row's scale ratio
-    too large. Experts with fewer than :data:`PER_CHANNEL_EVIDENCE_ROWS`
-    nonzero rows prove nothing and are skipped; values that cannot be read
-    are not checked.
+    ``amax / 448`` scale: every nonzero row holds a +-448 code, about one.
+    Per tensor only the rows near the matrix's amax do (within one E4M3 step,
+    1/28 of it), or, under a scale calibrated below the amax, rows saturate
+    several (:data:`SATURATED_PER_ROW`). A real matrix with every nonzero row
+    there once in every expert is not per-tensor data; its rows would
+    dequantize up to each row's scale ratio too large. Experts with fewer
+    than :data:`PER_CHANNEL_EVIDENCE_ROWS` nonzero rows prove nothing and are
+    skipped; values that cannot be read are not checked.
     """
     if not values_readable(codes):
         return
     counts = _rows_at_max(codes, range(int(codes.shape[0])))
-    judged = [(rows, at_max) for rows, at_max in counts if rows >= PER_CHANNEL_EVIDENCE_ROWS]
-    if not judged or any(at_max < rows for rows, at_max in judged):
+    judged = [count for count in counts if count[0] >= PER_CHANNEL_EVIDENCE_ROWS]
+    if not judged or any(at_max < rows or saturated >= SATURATED_PER_ROW * rows for rows, at_max, saturated in judged):
         return
     raise ValueError(
         f"{name}: expected per-tensor codes, got every nonzero row of {len(judged)} experts at +-448: codes quantized "
@@ -400,20 +407,35 @@ def _refuse_per_channel_codes(name: str, codes: torch.Tensor) -> None:
 PER_CHANNEL_SHARE = 0.5
 """Under per-channel scales every nonzero row holds a +-448 code; codes quantized per 128x128 block (kept, their
 scales collapsed to each row's largest) do only in rows that hold a block's amax (about 1 in 128 per block: 12-35%
-of rows at K = 2048-7168), per tensor only near the matrix's amax. Fewer than this share is refused."""
+of rows at K = 2048-7168). Fewer than this share is refused."""
+
+SCALE_BAND = 128
+"""Rows that share one scale in a block-scaled matrix."""
+
+
+def _banded(scales: torch.Tensor) -> torch.Tensor:
+    """Per expert of ``scales [E, rows]``: True where the rows' scales take more than two values yet are constant
+    along every aligned band of :data:`SCALE_BAND` rows, as block scales collapsed to rows are (per-channel scales,
+    rounded to powers of two or not, vary from row to row)."""
+    experts, rows = int(scales.shape[0]), int(scales.reshape(scales.shape[0], -1).shape[1])
+    if rows % SCALE_BAND or rows // SCALE_BAND < 3:
+        return torch.zeros(experts, dtype=torch.bool)
+    bands = scales.reshape(experts, rows // SCALE_BAND, SCALE_BAND)
+    constant = (bands == bands[:, :, :1]).all(dim=2).all(dim=1)
+    firsts = bands[:, :, 0].sort(dim=1).values
+    distinct = 1 + (firsts[:, 1:] != firsts[:, :-1]).sum(dim=1)
+    return (constant & (distinct > 2)).cpu()
 
 
 def _refuse_coarser_codes(name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
-    """Refuse codes quantized per block or per tensor under per-channel scales ``[E, rows]`` that vary along the rows
-    (:data:`PER_CHANNEL_SHARE`): most rows would dequantize too large, by their block's or the tensor's scale ratio.
-    Experts whose rows share at most two scales (per-tensor scales repeated on their rows, one per gate and up half)
-    compute what per-tensor weights do and are not judged. Judged over the other experts' nonzero rows together,
-    from :data:`PER_CHANNEL_EVIDENCE_ROWS` of them, where the values can be read."""
+    """Refuse codes quantized per 128x128 block under per-row scales that are the blocks' collapsed (constant along
+    each band of 128 rows, :func:`_banded`) and hold +-448 in fewer than :data:`PER_CHANNEL_SHARE` of their nonzero
+    rows: most rows would dequantize too large, by their block's scale ratio. Per-channel scales of any rounding vary
+    along the rows and are not judged (powers of two leave rows short of 448: adversarial pass 7, c02). Judged from
+    :data:`PER_CHANNEL_EVIDENCE_ROWS` nonzero rows, where the values can be read."""
     if not values_readable(codes) or not values_readable(scales):
         return
-    ordered = scales.reshape(scales.shape[0], -1).sort(dim=1).values
-    distinct = 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(dim=1)
-    varying = [int(expert) for expert in (distinct > 2).nonzero().flatten()]
+    varying = [int(expert) for expert in _banded(scales).nonzero().flatten()]
     if not varying:
         return
     counts = _rows_at_max(codes, varying)
@@ -421,9 +443,9 @@ def _refuse_coarser_codes(name: str, codes: torch.Tensor, scales: torch.Tensor) 
     if rows >= PER_CHANNEL_EVIDENCE_ROWS and at_max < PER_CHANNEL_SHARE * rows:
         raise ValueError(
             f"{name}: expected per-channel codes (every nonzero row at +-448 under its own amax / 448 scale), got "
-            f"{at_max} of {rows} nonzero rows there: codes quantized per 128x128 block or per tensor; keep them with "
-            "their own scales (Fp8BlockScales, or per-tensor scales), or requantize them per channel "
-            "(Fp8ChannelExpertWeights.quantize of their dequantized values)"
+            f"{at_max} of {rows} nonzero rows there under scales constant along each band of {SCALE_BAND} rows: codes "
+            "quantized per 128x128 block with their scales collapsed to rows; keep them with their Fp8BlockScales, or "
+            "requantize them per channel (Fp8ChannelExpertWeights.quantize of their dequantized values)"
         )
 
 

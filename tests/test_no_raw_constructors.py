@@ -268,3 +268,26 @@ def test_a_tensor_under_another_projection_is_refused_by_its_shape(tmp_path: Pat
     rewrite_tensor(directory, f"{EXPERT_3}.up_proj.weight_packed", tensors[f"{EXPERT_3}.down_proj.weight_packed"])
     with pytest.raises(ValueError, match=re.escape(f"{EXPERT_3}.up_proj.weight_packed: expected shape")):
         MoeCheckpoint(directory).load_layer(0)
+
+
+def test_per_channel_codes_under_power_of_two_scales_build(gen: torch.Generator) -> None:
+    """A correct program refused (adversarial pass 7, c02): per-channel FP8 whose scales are rounded to powers of two
+    (torchao's rowwise recipe) leaves each row's amax between 224 and 448, so most rows hold no +-448; the check for
+    block codes under row scales refused them. It judges only scales constant along 128-row bands now."""
+    w = torch.randn(2, 512, 1024, generator=gen) * torch.exp(torch.randn(2, 512, 1, generator=gen))
+    amax = w.abs().amax(dim=2)
+    scales = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+    codes = (w / scales[:, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    weights = Fp8ChannelExpertWeights(codes, Fp8ChannelScales.from_checkpoint(scales))
+    assert float((weights.dequantize() - w).norm() / w.norm()) < 0.05
+
+
+def test_per_tensor_codes_of_a_clipping_scale_build(gen: torch.Generator) -> None:
+    """A correct program refused (adversarial pass 7, c26): per-tensor FP8 whose scale a percentile observer set
+    below the amax saturates a few codes in every wide row, so every row held +-448 and was taken for per-channel
+    codes under a collapsed scale. Rows with two or more saturated codes on average are taken for clipping."""
+    w = torch.randn(2, 256, 2048, generator=gen)
+    scale = torch.quantile(w.abs().flatten()[:1 << 20], 0.995) / 448.0
+    codes = (w / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    weights = Fp8ExpertWeights(codes, ExpertFp8Scales.from_checkpoint(scale.repeat(2)))
+    assert weights.shape == (2, 256, 2048)
