@@ -220,14 +220,22 @@ def _random_biases(run: CheckRun, experts: int) -> ExpertBiases:
     )
 
 
-def oracle_tolerance(dtype: torch.dtype) -> float:
+QUANTIZATION_TIES = 1e-2
+"""The least oracle tolerance of a format that quantizes activations at run time: the reference rounds in float32,
+the float64 MoE in float64, and an input within an ulp of a rounding midpoint takes the other code in one of them
+(float32 outputs of the FP8 and NVFP4 oracles measured 2e-4 to 7e-3: adversarial pass 7, c08)."""
+
+
+def oracle_tolerance(dtype: torch.dtype, quantizes_activations: bool = False) -> float:
     """Largest relative l2 error of a reference backend against the float64 MoE, for outputs in ``dtype``.
 
     The references compute in float32 and round the output to the
     activations' dtype: one epsilon of it (bf16: 7.8e-3, fp16: 9.8e-4),
-    and no less than 1e-5 for float32 accumulation.
+    and no less than 1e-5 for float32 accumulation; where the format
+    quantizes activations, no less than :data:`QUANTIZATION_TIES`.
     """
-    return max(1e-5, torch.finfo(dtype).eps)
+    least = QUANTIZATION_TIES if quantizes_activations else 1e-5
+    return max(least, torch.finfo(dtype).eps)
 
 
 @final
@@ -433,7 +441,7 @@ class FormatCheck(Generic[W]):
         run.progress(f"{name}: running the reference {self.oracle.name}")
         expected, timing = _forward(self.oracle.bind(config, typed), dispatch, run.min_calls if timed else None)
         rel, worst = errors(expected, self.independent(config, dispatch, typed))
-        limit = oracle_tolerance(dispatch.hidden_states.dtype)
+        limit = oracle_tolerance(dispatch.hidden_states.dtype, self.quantizes_activations)
         verdict = "ok" if rel <= limit else f"FAILED: error above {limit:g}"
         rows = [CheckRow(name, self.oracle.name, self.independent_name, rel, worst, limit, timing, verdict)]
         if unquantized is not None:
