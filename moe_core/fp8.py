@@ -372,6 +372,32 @@ def _rows_at_max(codes: torch.Tensor, experts: Sequence[int]) -> list[tuple[int,
     return counts
 
 
+def _blocks_at_max(codes: torch.Tensor) -> tuple[int, int, int]:
+    """Over the 128x128 blocks of ``codes [E, rows, cols]`` (both multiples of 128; else zeros): how many hold a
+    nonzero code, how many of those a +-448 code, and how many +-448 codes they hold."""
+    experts, rows, cols = (int(d) for d in codes.shape)
+    if rows % SCALE_BAND or cols % SCALE_BAND:
+        return 0, 0, 0
+    blocks = at_max = saturated = 0
+    for expert in range(experts):  # one expert's bytes at a time
+        magnitudes = (codes[expert].view(torch.uint8) & 0x7F).reshape(rows // SCALE_BAND, SCALE_BAND, cols // SCALE_BAND, SCALE_BAND)
+        nonzero = (magnitudes != 0).any(dim=3).any(dim=1)
+        peaks = (magnitudes == _E4M3_MAX_BITS).sum(dim=(1, 3)) * nonzero
+        blocks, at_max, saturated = blocks + int(nonzero.sum()), at_max + int((peaks > 0).sum()), saturated + int(peaks.sum())
+    return blocks, at_max, saturated
+
+
+BLOCK_EVIDENCE = 8
+"""128x128 blocks from which codes with a +-448 in nearly every block are taken for block-quantized ones."""
+
+
+def _block_codes(codes: torch.Tensor) -> bool:
+    """Whether ``codes`` look quantized per 128x128 block: at least :data:`BLOCK_EVIDENCE` nonzero blocks, 90% of them
+    holding a +-448 (each block's amax) but fewer than 4 a block on average (a clipping scale saturates many)."""
+    blocks, at_max, saturated = _blocks_at_max(codes)
+    return blocks >= BLOCK_EVIDENCE and at_max >= 0.9 * blocks and saturated < 4 * blocks
+
+
 SATURATED_PER_ROW = 2.0
 """Per-channel codes hold about one +-448 a row (the row's amax; a second only within 1/28 of it); per-tensor codes
 of a scale calibrated below the amax (a percentile observer's) saturate several in every wide row. At this many a
@@ -402,6 +428,18 @@ def _refuse_per_channel_codes(name: str, codes: torch.Tensor) -> None:
         "per channel; keep them with their Fp8ChannelScales (Fp8ChannelExpertWeights), or requantize them per "
         "tensor (Fp8ExpertWeights.quantize of their dequantized values)"
     )
+
+
+def _refuse_block_codes(name: str, codes: torch.Tensor) -> None:
+    """Refuse codes quantized per 128x128 block under per-tensor scales (the blocks' scales collapsed to one, codes
+    kept: 1.59 off, adversarial pass 7, c03): nearly every block holds its own +-448 (:func:`_block_codes`), where
+    per-tensor codes of a real matrix hold it only near the matrix's amax."""
+    if values_readable(codes) and _block_codes(codes):
+        raise ValueError(
+            f"{name}: expected per-tensor codes, got a +-448 in nearly every 128x128 block: codes quantized per block; "
+            "keep them with their Fp8BlockScales (Fp8BlockExpertWeights), or requantize them (Fp8ExpertWeights.quantize "
+            "of their dequantized values)"
+        )
 
 
 PER_CHANNEL_SHARE = 0.5
@@ -436,6 +474,8 @@ def _refuse_coarser_codes(name: str, codes: torch.Tensor, scales: torch.Tensor) 
     if not values_readable(codes) or not values_readable(scales):
         return
     varying = [int(expert) for expert in _banded(scales).nonzero().flatten()]
+    if not varying and _block_codes(codes):  # block codes under row scales of at most two bands (c03)
+        varying = list(range(int(codes.shape[0])))
     if not varying:
         return
     counts = _rows_at_max(codes, varying)
@@ -466,6 +506,7 @@ class Fp8ExpertWeights(_Fp8Stack):
             raise ValueError(f"Fp8ExpertWeights.scales: expected {self.codes.shape[0]} experts, got {self.scales.num_experts}")
         require_same_device([("codes", self.codes), ("scales", self.scales.value)])
         _refuse_per_channel_codes("Fp8ExpertWeights.codes", self.codes)
+        _refuse_block_codes("Fp8ExpertWeights.codes", self.codes)
 
     @staticmethod
     def _grid(values: torch.Tensor, rows: int, cols: int) -> torch.Tensor:

@@ -291,3 +291,18 @@ def test_per_tensor_codes_of_a_clipping_scale_build(gen: torch.Generator) -> Non
     codes = (w / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
     weights = Fp8ExpertWeights(codes, ExpertFp8Scales.from_checkpoint(scale.repeat(2)))
     assert weights.shape == (2, 256, 2048)
+
+
+def test_block_codes_under_collapsed_scales_are_refused(gen: torch.Generator) -> None:
+    """Silent (adversarial pass 7, c03): DeepSeek's 128x128 block codes kept and their scales collapsed to each
+    expert's largest ran as per-tensor FP8, 1.59 off (1.84 as per-channel scales of two row bands each). Nearly every
+    block holds its own +-448, which per-tensor codes of a real matrix do only near its amax."""
+    w = torch.randn(2, 256, 1024, generator=gen) * torch.rand(2, 1, 1024, generator=gen)
+    blocks = Fp8BlockExpertWeights.quantize(w)
+    collapsed = ExpertFp8Scales.from_checkpoint(blocks.scales.value.amax(dim=(1, 2)))
+    with pytest.raises(ValueError, match=r"Fp8ExpertWeights.codes: expected per-tensor codes, got a \+-448 in nearly every"):
+        Fp8ExpertWeights(blocks.codes, collapsed)
+    per_row = blocks.scales.value.amax(dim=2).repeat_interleave(128, dim=1)  # two bands: [E, 256]
+    with pytest.raises(ValueError, match=r"Fp8ChannelExpertWeights.codes: expected per-channel codes"):
+        Fp8ChannelExpertWeights(blocks.codes, Fp8ChannelScales.from_checkpoint(per_row))
+    assert Fp8ExpertWeights.quantize(w).shape == (2, 256, 1024)
