@@ -216,30 +216,46 @@ expert's bytes are not a multiple of this prime); with 251 before, experts 251 a
 
 
 def _byte_span(tensor: torch.Tensor) -> torch.Tensor | None:
-    """The bytes of storage from ``tensor``'s first element to its last, as one contiguous uint8 tensor (a transpose
-    or other permutation of a contiguous block spans exactly its own bytes); None for negative strides."""
+    """The bytes of storage from ``tensor``'s first element to its last, as one contiguous uint8 tensor, where they are
+    exactly its own (contiguous, or a transpose or other permutation of a contiguous block); None otherwise (gaps
+    between its elements, or negative strides)."""
     if any(stride < 0 for stride in tensor.stride()):
         return None
     last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    if last + 1 != tensor.numel():
+        return None
     span = torch.as_strided(tensor, (last + 1,), (1,), tensor.storage_offset())
     return span.view(torch.uint8)
 
 
+def _own_byte_runs(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """``tensor``'s own bytes as uint8 runs in its element order: one where its bytes are one block
+    (:func:`_byte_span`), else one per slice along its first dimension, recursively (a layer's slice ``arena[:, l]``
+    of an expert-major buffer ``[E, L, ...]``: the other layers' bytes lie between its experts)."""
+    span = _byte_span(tensor)
+    if span is not None:
+        return [span]
+    if tensor.dim() <= 1:
+        return [tensor.contiguous().reshape(-1).view(torch.uint8)]
+    return [run for part in tensor.unbind(0) for run in _own_byte_runs(part)]
+
+
 def _fingerprint(tensor: torch.Tensor) -> tuple[int, int] | None:
-    """Two sums over the bytes a tensor spans (:func:`_byte_span`), plain and position-weighted (a different layer's
-    weights, or the same bytes moved, change them); None where the values cannot be read."""
+    """Two sums over a tensor's own bytes in its element order (:func:`_own_byte_runs`), plain and position-weighted
+    (a different layer's weights, or the same bytes moved, change them); None where the values cannot be read."""
     if not values_readable(tensor) or tensor.numel() == 0:
         return None
-    flat = _byte_span(tensor)
-    if flat is None:
-        return None
-    total = torch.zeros((), dtype=torch.int64, device=flat.device)
-    weighted = torch.zeros((), dtype=torch.int64, device=flat.device)
-    for start in range(0, flat.numel(), FINGERPRINT_CHUNK):
-        chunk = flat[start : start + FINGERPRINT_CHUNK].to(torch.int64)
-        places = torch.arange(start, start + chunk.numel(), device=flat.device) % FINGERPRINT_PERIOD + 1
-        total += chunk.sum()
-        weighted += (chunk * places).sum()
+    runs = _own_byte_runs(tensor)
+    total = torch.zeros((), dtype=torch.int64, device=tensor.device)
+    weighted = torch.zeros((), dtype=torch.int64, device=tensor.device)
+    offset = 0
+    for flat in runs:
+        for start in range(0, flat.numel(), FINGERPRINT_CHUNK):
+            chunk = flat[start : start + FINGERPRINT_CHUNK].to(torch.int64)
+            places = torch.arange(offset + start, offset + start + chunk.numel(), device=flat.device) % FINGERPRINT_PERIOD + 1
+            total += chunk.sum()
+            weighted += (chunk * places).sum()
+        offset += flat.numel()
     return int(total), int(weighted)
 
 

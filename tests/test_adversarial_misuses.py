@@ -1046,6 +1046,28 @@ def test_transposed_slices_of_one_buffer_survive_writes_into_the_other_slices(ge
         built[0](x)
 
 
+def test_layers_of_an_expert_major_buffer_survive_writes_into_the_other_layers(gen: torch.Generator) -> None:
+    """A correct program refused (adversarial pass 7, c09): every expert's layers together, ``[E, L, 2I, H]`` (for
+    offloading), each layer bound as ``arena[:, l]`` once filled: the fingerprint spanned from its first byte to its
+    last, other layers' slices between, so filling a later layer refused the earlier ones. It reads a view's own
+    bytes now."""
+    layers, config = 3, _config()
+    w13, w2 = torch.empty(E, layers, 2 * I, H), torch.empty(E, layers, H, I)
+    built = []
+    for layer in range(layers):
+        w13[:, layer].copy_(torch.randn(E, 2 * I, H, generator=gen) / 6)
+        w2[:, layer].copy_(torch.randn(E, H, I, generator=gen) / 4)
+        weights = DenseMoeWeights(w13=w13[:, layer], w2=w2[:, layer])
+        built.append(dense_layer(config, Router(weight=torch.randn(E, H, generator=gen)), weights, dtype=torch.float32))
+    x = torch.randn(6, H, generator=gen)
+    for moe in built:
+        moe(x)
+    w13[2, 0].mul_(2.0)  # layer 0's own expert 2
+    with pytest.raises(RuntimeError, match=r"\.w13: written in place after its weights were built"):
+        built[0](x)
+    built[1](x)
+
+
 def test_experts_swapped_far_apart_in_a_buffer_are_refused(gen: torch.Generator) -> None:
     """Silent (adversarial pass 6, c19): an expert-load balancer swapped experts 2 and 253 of a bound layer in place in
     a buffer of two layers; the fingerprint's position weights repeated every 251 bytes, so the two experts' bytes,
