@@ -29,7 +29,7 @@ import importlib
 import pkgutil
 import re
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Generic, Protocol, TypeVar, final, overload
 
@@ -257,10 +257,15 @@ def _dispatch_tensors(dispatch: DispatchOutput) -> list[tuple[str, torch.Tensor]
 
 
 def _held(path: str, value: object) -> list[tuple[str, object]]:
-    """``value`` and what it holds through attrs or dataclass fields, tuples and lists, each with its path from
-    ``path``."""
+    """``value`` and what it holds through attrs or dataclass fields, tuples, lists, mappings and modules' parameters
+    and buffers, each with its path from ``path``."""
     if isinstance(value, (tuple, list)):
         return [found for index, item in enumerate(value) for found in _held(f"{path}[{index}]", item)]
+    if isinstance(value, Mapping):
+        return [(path, value)] + [found for key, item in value.items() for found in _held(f"{path}[{key!r}]", item)]
+    if isinstance(value, torch.nn.Module):
+        tensors = value.state_dict(keep_vars=True).items()
+        return [(path, value)] + [found for key, item in tensors for found in _held(f"{path}.{key}", item)]
     kind = type(value)
     if attrs.has(kind):
         names = [field.name for field in attrs.fields(kind)]

@@ -14,7 +14,7 @@ import dataclasses
 import io
 import json
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import shutil
 from pathlib import Path
 
@@ -877,6 +877,52 @@ def test_a_dataclass_quant_infos_tensors_are_watched(gen: torch.Generator) -> No
     forward(dispatch)
     staging.copy_(torch.randn(E, 2 * I, H, generator=gen))
     with pytest.raises(RuntimeError, match=r"_PluginWeights\.w13: written in place after its weights were built"):
+        forward(dispatch)
+
+
+@attrs.frozen(eq=False)
+class _DictWeights:
+    """A plugin's quant info keeping its tensors in a dict, or in a module's parameters."""
+
+    tensors: Mapping[str, torch.Tensor] | torch.nn.ParameterDict
+    num_experts: int = E
+    hidden_size: int = H
+    intermediate_size: int = I
+
+    @property
+    def device(self) -> torch.device:
+        return self.tensors["w13"].device
+
+
+@attrs.frozen(eq=False)
+class _DictRunner:
+    """Runs :class:`_DictWeights` through the reference."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: _DictWeights, /) -> torch.Tensor:
+        weights = DenseMoeWeights(w13=quant_info.tensors["w13"].detach(), w2=quant_info.tensors["w2"].detach())
+        return REFERENCE_DENSE.factory(self.config).run(dispatch, weights)
+
+
+@pytest.mark.parametrize("holder", ["dict", "ParameterDict"])
+def test_tensors_a_quant_info_keeps_in_a_mapping_or_module_are_watched(gen: torch.Generator, holder: str) -> None:
+    """Silent (adversarial pass 7, c13): a plugin's quant info kept its tensors in a ``dict`` or an
+    ``nn.ParameterDict``; a staging buffer rewritten after binding ran the next layer's weights, 1.35 and 1.58 off.
+    A bound forward watches mappings' values and modules' parameters and buffers too."""
+    config = _config()
+    staging = torch.randn(E, 2 * I, H, generator=gen)
+    w2 = torch.randn(E, H, I, generator=gen)
+    tensors: Mapping[str, torch.Tensor] | torch.nn.ParameterDict = {"w13": staging, "w2": w2}
+    if holder == "ParameterDict":
+        tensors = torch.nn.ParameterDict({"w13": torch.nn.Parameter(staging, requires_grad=False),
+                                          "w2": torch.nn.Parameter(w2, requires_grad=False)})
+    forward = BoundRunner(_DictRunner(config), _DictWeights(tensors))
+    dispatch = StandardDispatchOutput(torch.randn(6, H, generator=gen), select_experts(torch.randn(6, E, generator=gen), config))
+    forward(dispatch)
+    with torch.no_grad():
+        staging.copy_(torch.randn(E, 2 * I, H, generator=gen))
+    with pytest.raises(RuntimeError, match=r"_DictWeights\.tensors.*w13.*: written in place after its weights were built"):
         forward(dispatch)
 
 
