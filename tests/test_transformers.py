@@ -584,6 +584,34 @@ def test_a_config_edited_after_the_experts_were_built_is_refused(gen: torch.Gene
     assert not isinstance(holder.mlp, MoeCoreBlock)
 
 
+def test_jetmoe_and_dbrx_configs_edited_after_the_blocks_were_built_are_refused(gen: torch.Generator) -> None:
+    """Silent (adversarial pass 7, c15, c10): JetMoE's ``activation_function`` and DBRX's ``ffn_act_fn`` edited to gelu
+    after their SiLU blocks were built swapped and ran 0.16 and 1.6e-2 off (neither block has an ``experts.act_fn`` to
+    probe); a DBRX block whose ``moe_normalize_expert_weights`` was set to None after building ran the config's
+    normalization, 7.9e-2 off. JetMoE's ``activation`` and DBRX's ``experts.mlp.activation_fn`` are probed, and DBRX's
+    normalization is read from the block, whose forward reads it."""
+    jetmoe = _Holder(_block("jetmoe", gen), _config("jetmoe", activation_function="gelu"))
+    with pytest.raises(ValueError, match=r"activation: SiLUActivation does not compute the config's gelu"):
+        swap_moe_blocks(jetmoe)
+    dbrx_config = _config("dbrx")
+    dbrx = _Holder(_block("dbrx", gen), dbrx_config)
+    ffn_config = getattr(dbrx_config, "ffn_config")
+    ffn_config.ffn_act_fn = {"name": "gelu"}
+    with pytest.raises(ValueError, match=r"experts\.mlp\.activation_fn: SiLUActivation does not compute the config's gelu"):
+        swap_moe_blocks(dbrx)
+    ffn_config.ffn_act_fn = {"name": "silu"}
+    block = dbrx.mlp
+    setattr(block, "moe_normalize_expert_weights", None)
+    x = torch.randn(1, 5, 32, generator=gen)
+    with torch.no_grad():
+        own = block(x)
+        swap_moe_blocks(dbrx)
+        swapped = dbrx.mlp(x)
+    expected = own[0] if isinstance(own, tuple) else own
+    got = swapped[0] if isinstance(swapped, tuple) else swapped
+    assert _relative_error(got, expected) < 1e-5
+
+
 def test_experts_computing_another_activation_than_the_config_are_refused(gen: torch.Generator) -> None:
     """Qwen3-Omni's talker names its activation in its own config, not in the text config the swap reads."""
     holder = _Holder(_block("qwen3_omni_moe_talker", gen, hidden_act="gelu"), _config("qwen3_omni_moe_talker"))

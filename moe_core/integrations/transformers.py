@@ -227,19 +227,24 @@ def _hidden_act(name: str) -> Activation:
 
 
 def _checked_activation(block: nn.Module, config: object, field: str = "hidden_act", module: str = "experts") -> Activation:
-    """The config's activation ``field``, checked against the block's ``module``'s own ``act_fn`` on probe values
-    where it holds one: a sub-model (Qwen3-Omni's talker) may name its activation in a config other than the text
-    config read here, and a config edited after the modules were built (``config.update``) names another than they
-    compute."""
-    activation = _hidden_act(_get(config, field, str))
-    act_fn = getattr(getattr(block, module, None), "act_fn", None)
+    """The config's activation ``field``, checked against the block's ``module``'s own ``act_fn`` (:func:`_probed`): a
+    sub-model (Qwen3-Omni's talker) may name its activation in a config other than the text config read here, and a
+    config edited after the modules were built (``config.update``) names another than they compute."""
+    return _probed(block, _hidden_act(_get(config, field, str)), f"{module}.act_fn")
+
+
+def _probed(block: nn.Module, activation: Activation, path: str) -> Activation:
+    """``activation``, checked on probe values against the block's activation module at the dotted ``path`` where it
+    holds one (JetMoE's ``activation``, DBRX's ``experts.mlp.activation_fn``)."""
+    act_fn: object = block
+    for name in path.split("."):
+        act_fn = getattr(act_fn, name, None)
     if isinstance(act_fn, nn.Module) and activation.gated:
         probe = torch.linspace(-6.0, 6.0, 49)
         with torch.no_grad():
             got, want = act_fn(probe), activation.apply(torch.cat((probe, torch.ones_like(probe))))
         if not torch.allclose(got, want, rtol=1e-6, atol=1e-7):
-            name = type(act_fn).__name__
-            raise ValueError(f"{module}.act_fn: {name} does not compute the config's {activation.value}")
+            raise ValueError(f"{path}: {type(act_fn).__name__} does not compute the config's {activation.value}")
     return activation
 
 
@@ -324,16 +329,16 @@ def _softmax_family(
 def _dbrx(block: nn.Module, config: object) -> BlockParts:
     """DBRX: ``w1``/``v1``/``w2`` stacked as ``[E * I, H]``; softmax top-k, then divided by the weights' p-norm."""
     ffn = _get(config, "ffn_config", object)
-    norm = getattr(ffn, "moe_normalize_expert_weights", None)
-    if norm not in (None, 1, 1.0):
-        raise ValueError(f"ffn_config.moe_normalize_expert_weights: expected None or 1 (an L1 norm), got {norm!r}")
+    norm = getattr(block, "moe_normalize_expert_weights", getattr(ffn, "moe_normalize_expert_weights", None))
+    if norm not in (None, 1, 1.0):  # the block's own, which its forward reads (set on a built model: pass 7, c10)
+        raise ValueError(f"moe_normalize_expert_weights: expected None or 1 (an L1 norm), got {norm!r}")
     act = _get(ffn, "ffn_act_fn", dict).get("name", "silu")
     experts, hidden = _get(block, "experts.num_experts", int), _get(block, "experts.hidden_size", int)
     stack = (experts, -1, hidden)
     w1, v1 = _tensor(block, "experts.mlp.w1").view(stack), _tensor(block, "experts.mlp.v1").view(stack)
     return BlockParts(
         top_k=_get(block, "top_k", int),
-        activation=_hidden_act(act),
+        activation=_probed(block, _hidden_act(act), "experts.mlp.activation_fn"),
         routing=RoutingMethod.SOFTMAX_TOPK if norm is None else RoutingMethod.TOPK_RENORMALIZE,
         router=Router(weight=_tensor(block, "router.layer.weight")),
         weights=DenseMoeWeights(
@@ -800,7 +805,7 @@ def _jetmoe(block: nn.Module, config: object) -> BlockParts:
     )
     return BlockParts(
         top_k=_get(block, "router.top_k", int),
-        activation=_checked_activation(block, config, "activation_function"),
+        activation=_probed(block, _hidden_act(_get(config, "activation_function", str)), "activation"),
         routing=RoutingMethod.TOPK_RENORMALIZE,
         router=Router(weight=_linear(block, "router.layer")),
         weights=DenseMoeWeights(w13=w13, w2=w2, biases=biases),
