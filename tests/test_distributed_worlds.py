@@ -224,13 +224,14 @@ def run_case(
     return Verdict(f"rank {rank}: {tuple(out.shape)} {out.dtype}, max |difference| {differ}", rows)
 
 
-MIXED_DTYPE_DISPATCHERS = ("all-to-all", "all-gather", "all-gather-top-k")
+MIXED_DTYPE_DISPATCHERS = ("all-to-all", "all-gather", "all-gather-top-k", "replicated")
 
 
 def mixed_dtype(group: dist.ProcessGroup, dispatcher: str, rank: int, device: torch.device) -> Verdict:
     """A dispatch where the odd ranks hold bf16 hidden states and the even ones float32 (adversarial pass 6, c14:
-    gloo aborted the bf16 rank, the other decoded its bytes into garbage ids), or (``-top-k``) route top-1 where the
-    even ones route top-2 (pass 7, c12: the same abort); the error each rank raises, if any."""
+    gloo aborted the bf16 rank, the other decoded its bytes into garbage ids; pass 7, c28: the same under replicated
+    tokens), or (``-top-k``) route top-1 where the even ones route top-2 (pass 7, c12: the same abort); the error each
+    rank raises, if any."""
     placement = ExpertPlacement(NUM_EXPERTS, group.size())
     other_top_k = dispatcher.endswith("-top-k") and rank % 2 == 1
     config = MoeRunnerConfig(
@@ -243,8 +244,9 @@ def mixed_dtype(group: dist.ProcessGroup, dispatcher: str, rank: int, device: to
     try:
         if dispatcher == "all-to-all":
             AllToAllDispatcher(group, placement).dispatch(x, topk)
-        else:
-            AllGatherDispatcher(group, placement, TokenSharding.PER_RANK).dispatch(x, topk)
+        else:  # replicated: the one collective before the combine's sum carries the row shape too (pass 7, c28)
+            sharding = TokenSharding.REPLICATED if dispatcher == "replicated" else TokenSharding.PER_RANK
+            AllGatherDispatcher(group, placement, sharding).dispatch(x, topk)
     except ValueError as error:
         return Verdict(str(error), 0)
     return Verdict(None, 0)

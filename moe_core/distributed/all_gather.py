@@ -4,8 +4,9 @@ For data-parallel attention (each rank its own tokens, :attr:`TokenSharding.PER_
 the ranks' token counts are gathered first (a host sync), then the token
 rows, padded to the largest count; after the runner, a reduce-scatter
 returns each rank its tokens' slot outputs. For tensor-parallel attention
-(every rank the same tokens, :attr:`TokenSharding.REPLICATED`) nothing is
-gathered and an all-reduce returns them. Choosing this rank's slots reads
+(every rank the same tokens, :attr:`TokenSharding.REPLICATED`) only each
+rank's token count and row shape are gathered (they must all be equal), and
+an all-reduce returns the slot outputs. Choosing this rank's slots reads
 their count back (a host sync), so neither layout is capturable in a CUDA
 graph yet (:class:`GraphCaptureError`). Each token is encoded by a payload
 before it is gathered (:mod:`~moe_core.distributed.payload`: as it is here,
@@ -151,10 +152,16 @@ def gather_slots(
     payload = payload_of(hidden_states)
     rows, ids, weights = payload.encode(hidden_states), topk.topk_ids, topk.topk_weights
     token_counts: tuple[int, ...] = (topk.num_tokens,)
+    world_size = group.size()
+    shape = RowShape(payload.row_bytes, hidden_states.dtype, int(hidden_states.shape[1]), topk.top_k)
+    every_count = gather_counts(topk.num_tokens, hidden_states.device, group, world_size, shape)
+    if tokens is TokenSharding.REPLICATED and len(set(every_count)) > 1:
+        raise ValueError(
+            f"TokenSharding.REPLICATED: the ranks hold {list(every_count)} tokens, not one count: data-parallel "
+            "attention (each rank its own tokens) takes TokenSharding.PER_RANK"
+        )
     if tokens is TokenSharding.PER_RANK:
-        world_size = group.size()
-        shape = RowShape(payload.row_bytes, hidden_states.dtype, int(hidden_states.shape[1]), topk.top_k)
-        token_counts = gather_counts(topk.num_tokens, hidden_states.device, group, world_size, shape)
+        token_counts = every_count
         layout = token_layout(payload.row_bytes, topk.top_k)
         packed = F.pad(layout.pack(rows, ids, weights), (0, 0, 0, max(token_counts) - topk.num_tokens))
         rows, ids, weights = layout.unpack(all_gather_rows(packed, group, world_size))
