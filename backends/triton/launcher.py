@@ -3,8 +3,8 @@
 ``kernel[grid](*args, **constexprs)`` binds every argument, works out its
 specialization (dtypes, integers equal to 1 or divisible by 16, pointers
 aligned to 16 bytes) and looks the binary up, on every call: 13 us of host
-time per launch on the H100 machine, against 6 us for launching the binary
-it returned directly (``benchmarks/bench_moe.py --host-overhead``). A
+time per launch on an H100 machine, against 6 us for launching the binary
+it returned directly (``benchmarks/RESULTS.md``, 2026-12-07). A
 forward launches each kernel with the same grid, constexprs and
 specialization for a given token count, dtypes and weights, so a
 :class:`LaunchSite` keeps the binary of its first launch and launches it
