@@ -22,6 +22,7 @@ from moe_core.backends.triton.configs import KernelConfig
 from moe_core.backends.triton.launch import fused_moe
 from moe_core.backends.triton.launcher import Grid, Launcher, LaunchSite
 from moe_core.backends.triton.quant_info import TritonDenseWeights
+from moe_core.formats.dense import ExpertBiases
 from moe_core.backends.triton.runner import ForwardMemo, TritonRunner
 from moe_core.registry import BoundRunner
 from tests.test_triton import bound_forward, make_layer
@@ -169,6 +170,16 @@ def test_the_memo_keys_forwards_by_tokens_and_dtypes_and_forgets_the_oldest() ->
     object.__setattr__(weights, "w13", torch.randn(4, 16, 8).half())  # replaced behind the frozen field
     memo.forward(weights, dispatch(3), plan(3))
     assert len(planned) == before + 1, "a quant info whose tensors were replaced is planned afresh"
+    weights.w2.mul_(2.0)  # written in place (adversarial pass 8, c01: a scale's own check never ran again)
+    memo.forward(weights, dispatch(3), plan(3))
+    assert len(planned) == before + 2, "a quant info whose tensors were written is planned afresh"
+    biases = ExpertBiases(w13=torch.randn(4, 16).half(), w2=torch.randn(4, 8).half())
+    object.__setattr__(weights, "biases", biases)  # another structure below (pass 8, c13: a raw AttributeError)
+    memo.forward(weights, dispatch(3), plan(3))
+    assert len(planned) == before + 3
+    object.__setattr__(weights, "biases", None)  # the chains below biases are gone: planned afresh, not raised
+    memo.forward(weights, dispatch(3), plan(3))
+    assert len(planned) == before + 4
 
 
 GPU_SHAPE = (37, 8, 2, 1024, 512, 8, 0)

@@ -22,6 +22,7 @@ import attrs
 import torch
 
 from moe_core import DispatchFormat, DispatchOutput, MoeRunnerConfig, check_run_inputs
+from moe_core._checks import write_count
 from moe_core.backends.triton.launch import fused_moe
 from moe_core.backends.triton.launcher import LaunchSite
 from moe_core.backends.triton.plans import Launches, TritonPlan
@@ -34,39 +35,49 @@ ForwardKey = tuple[int, torch.dtype, torch.device, torch.dtype, torch.dtype]
 
 
 Chain = tuple[str, ...]
-"""Attribute names from a quant info down to one of its tensors."""
+"""Attribute names from a quant info down to one of the values it holds."""
+
+_MISSING = object()
+"""What :func:`_reach` gives where an attribute of the chain is gone."""
 
 
-def tensor_chains(value: object, chain: Chain = ()) -> list[tuple[Chain, torch.Tensor]]:
-    """Every tensor ``value`` holds through attrs fields (nested), with its chain of attribute names."""
-    if isinstance(value, torch.Tensor):
-        return [(chain, value)]
+def held_values(value: object, chain: Chain = ()) -> list[tuple[Chain, object]]:
+    """Every value ``value`` holds through attrs fields, nested ones included, with its chain of attribute names."""
     kind = type(value)
     if not attrs.has(kind):
         return []
-    return [found for field in attrs.fields(kind) for found in tensor_chains(getattr(value, field.name), (*chain, field.name))]
+    found: list[tuple[Chain, object]] = []
+    for field in attrs.fields(kind):
+        held = getattr(value, field.name)
+        found += [((*chain, field.name), held), *held_values(held, (*chain, field.name))]
+    return found
 
 
 def _reach(value: object, chain: Chain) -> object:
-    """The attribute at ``chain`` below ``value``."""
+    """The attribute at ``chain`` below ``value``, or :data:`_MISSING`."""
     for name in chain:
-        value = getattr(value, name)
+        value = getattr(value, name, _MISSING)
     return value
 
 
 @final
 class _Forwards:
-    """One quant info's forwards by key, and the tensors it held when the first was planned."""
+    """One quant info's forwards by key, and what it held when the first was planned: every value by identity, and
+    each tensor's write count."""
 
-    __slots__ = ("by_key", "tensors")
+    __slots__ = ("by_key", "counts", "values")
 
     def __init__(self, quant_info: object) -> None:
-        self.tensors = tensor_chains(quant_info)
+        self.values = held_values(quant_info)
+        self.counts = [(tensor, write_count(tensor)) for _, tensor in self.values if isinstance(tensor, torch.Tensor)]
         self.by_key: dict[ForwardKey, tuple[Launches, dict[str, LaunchSite]]] = {}
 
     def current(self, quant_info: object) -> bool:
-        """Whether ``quant_info`` still holds the same tensor objects (not replaced behind its frozen fields)."""
-        return all(_reach(quant_info, chain) is tensor for chain, tensor in self.tensors)
+        """Whether ``quant_info`` still holds the same values (none replaced behind its frozen fields) and none of its
+        tensors was written in place (planning again reads them through their checks, which name such a write)."""
+        return all(_reach(quant_info, chain) is value for chain, value in self.values) and all(
+            write_count(tensor) == count for tensor, count in self.counts
+        )
 
 
 @final
@@ -75,9 +86,10 @@ class ForwardMemo:
 
     At most :attr:`LIMIT` keys per quant info (the oldest goes first): an
     engine's eager prefill meets many token counts. A quant info whose
-    tensors were replaced behind its frozen fields (``object.__setattr__``)
-    is planned afresh rather than run on the tensors it held. A copy starts
-    empty.
+    values were replaced behind its frozen fields (``object.__setattr__``),
+    or whose tensors were written in place, is planned afresh rather than
+    run on what it held (a scale's write is then refused by its own check,
+    adversarial pass 8, c01). A copy starts empty.
     """
 
     LIMIT = 64
