@@ -180,6 +180,9 @@ def test_the_memo_keys_forwards_by_tokens_and_dtypes_and_forgets_the_oldest() ->
     object.__setattr__(weights, "biases", None)  # the chains below biases are gone: planned afresh, not raised
     memo.forward(weights, dispatch(3), plan(3))
     assert len(planned) == before + 4
+    weights.w2.data = torch.randn(4, 8, 8).half()  # other memory (pass 8, c12): the kept binaries' alignment may not hold
+    memo.forward(weights, dispatch(3), plan(3))
+    assert len(planned) == before + 5
 
 
 GPU_SHAPE = (37, 8, 2, 1024, 512, 8, 0)

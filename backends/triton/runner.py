@@ -63,20 +63,23 @@ def _reach(value: object, chain: Chain) -> object:
 @final
 class _Forwards:
     """One quant info's forwards by key, and what it held when the first was planned: every value by identity, and
-    each tensor's write count."""
+    each tensor's write count and data pointer."""
 
     __slots__ = ("by_key", "counts", "values")
 
     def __init__(self, quant_info: object) -> None:
         self.values = held_values(quant_info)
-        self.counts = [(tensor, write_count(tensor)) for _, tensor in self.values if isinstance(tensor, torch.Tensor)]
+        self.counts = [
+            (tensor, write_count(tensor), tensor.data_ptr()) for _, tensor in self.values if isinstance(tensor, torch.Tensor)
+        ]
         self.by_key: dict[ForwardKey, tuple[Launches, dict[str, LaunchSite]]] = {}
 
     def current(self, quant_info: object) -> bool:
         """Whether ``quant_info`` still holds the same values (none replaced behind its frozen fields) and none of its
-        tensors was written in place (planning again reads them through their checks, which name such a write)."""
+        tensors was written in place or given other memory (``.data =``: a kept binary is specialized on its pointer's
+        alignment; planning again reads them through their checks, which name a write)."""
         return all(_reach(quant_info, chain) is value for chain, value in self.values) and all(
-            write_count(tensor) == count for tensor, count in self.counts
+            write_count(tensor) == count and tensor.data_ptr() == pointer for tensor, count, pointer in self.counts
         )
 
 
