@@ -84,12 +84,12 @@ from moe_core.registry import BackendEntry, BackendKey, MoeForward
 from moe_core.routing import select_experts
 from moe_core.runner import QuantInfo
 from moe_core.synthetic import (
-    ROUTER_LOGIT_STD,
     quantize_fp8_block_layer,
     quantize_fp8_channel_layer,
     quantize_fp8_layer,
     quantize_nvfp4_per_expert_layer,
     quantize_nvfp4_layer,
+    random_tokens,
 )
 
 W = TypeVar("W", bound=QuantInfo)
@@ -208,10 +208,9 @@ def _variant_layer(
 def _fresh_batch(run: CheckRun, tokens: int) -> StandardDispatchOutput:
     """``tokens`` new tokens, drawn from the run's seed like its own (of their dtype and device), routed by the run's
     config from new router logits."""
-    gen = torch.Generator().manual_seed(run.seed + tokens)
     hidden = run.dispatch.hidden_states
-    x = torch.randn(tokens, run.config.hidden_size, generator=gen).to(hidden.dtype).to(hidden.device)
-    logits = (torch.randn(tokens, run.config.num_experts, generator=gen) * ROUTER_LOGIT_STD).to(hidden.device)
+    gen = torch.Generator().manual_seed(run.seed + tokens)
+    x, logits = random_tokens(run.config, tokens, hidden.dtype, hidden.device, gen)
     return StandardDispatchOutput(x, select_experts(logits, run.config, score_correction_bias=None))
 
 

@@ -43,10 +43,19 @@ def random_dense_layer(
     w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)
     w13[:, inter:] *= torch.exp(torch.empty(experts, 1, 1).uniform_(-0.9, 0.9, generator=gen))
     w2 = torch.randn(experts, hidden, inter, generator=gen) / math.sqrt(inter)
-    x = torch.randn(num_tokens, hidden, generator=gen).to(dtype)
-    logits = torch.randn(num_tokens, config.num_experts, generator=gen) * ROUTER_LOGIT_STD
-    dispatch = StandardDispatchOutput(x.to(device), select_experts(logits.to(device), config))
+    x, logits = random_tokens(config, num_tokens, dtype, device, gen)
+    dispatch = StandardDispatchOutput(x, select_experts(logits, config))
     return DenseMoeWeights(w13=w13.to(device), w2=w2.to(device)), dispatch
+
+
+def random_tokens(
+    config: MoeRunnerConfig, num_tokens: int, dtype: torch.dtype, device: torch.device, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``num_tokens`` random hidden states of ``dtype`` and their router logits (float32, standard deviation
+    :data:`ROUTER_LOGIT_STD`), drawn from ``gen`` in that order, on ``device``."""
+    x = torch.randn(num_tokens, config.hidden_size, generator=gen).to(dtype)
+    logits = torch.randn(num_tokens, config.num_experts, generator=gen) * ROUTER_LOGIT_STD
+    return x.to(device), logits.to(device)
 
 
 class _QuantizedGateUp(Protocol):
