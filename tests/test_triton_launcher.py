@@ -76,6 +76,10 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> StandInKernel:
     return StandInKernel(StandInBinary())
 
 
+DEVICE_0 = (0, 7)
+"""Direct launches allowed, on device 0's stream 7."""
+
+
 def statics(constexprs: Mapping[str, object] | None = None) -> Callable[[], tuple[Grid, Mapping[str, object]]]:
     """The stand-in's grid (3, 2) and constexprs."""
     return lambda: ((3, 2), {"BLOCK": 64, "num_warps": 4} if constexprs is None else constexprs)
@@ -84,9 +88,9 @@ def statics(constexprs: Mapping[str, object] | None = None) -> Callable[[], tupl
 def test_a_site_keeps_the_first_binary_and_launches_it_directly(stand_in: StandInKernel) -> None:
     site = LaunchSite()
     x = torch.randn(8)
-    site.launch(stand_in, (x, 8), statics(), direct=True)
+    site.launch(stand_in, (x, 8), statics(), DEVICE_0)
     assert len(stand_in.bound) == 1 and site.kept
-    site.launch(stand_in, (x, 9), statics(), direct=True)
+    site.launch(stand_in, (x, 9), statics(), DEVICE_0)
     assert len(stand_in.bound) == 1, "the second launch went through Triton"
     binary = stand_in.binary
     assert isinstance(binary, StandInBinary)
@@ -96,28 +100,27 @@ def test_a_site_keeps_the_first_binary_and_launches_it_directly(stand_in: StandI
 
 def test_a_launch_that_may_not_be_direct_goes_through_triton(stand_in: StandInKernel) -> None:
     site, x = LaunchSite(), torch.randn(8)
-    site.launch(stand_in, (x, 8), statics(), direct=False)
+    site.launch(stand_in, (x, 8), statics(), None)
     assert not site.kept, "a binary bound for a misaligned caller tensor is not kept"
-    site.launch(stand_in, (x, 8), statics(), direct=True)
-    site.launch(stand_in, (x, 8), statics(), direct=False)
+    site.launch(stand_in, (x, 8), statics(), DEVICE_0)
+    site.launch(stand_in, (x, 8), statics(), None)
     assert len(stand_in.bound) == 3 and site.kept
 
 
-def test_another_device_goes_through_triton(stand_in: StandInKernel, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_another_device_goes_through_triton(stand_in: StandInKernel) -> None:
     site, x = LaunchSite(), torch.randn(8)
-    site.launch(stand_in, (x, 8), statics(), direct=True)
-    monkeypatch.setattr(launcher_module, "_current_device", lambda: 1)
-    site.launch(stand_in, (x, 8), statics(), direct=True)
+    site.launch(stand_in, (x, 8), statics(), DEVICE_0)
+    site.launch(stand_in, (x, 8), statics(), (1, 7))
     assert len(stand_in.bound) == 2
 
 
 def test_a_binary_whose_constexprs_are_not_the_trailing_parameters_is_not_kept(stand_in: StandInKernel) -> None:
     site, x = LaunchSite(), torch.randn(8)
-    site.launch(stand_in, (x, 8), statics({"OTHER": 1}), direct=True)
+    site.launch(stand_in, (x, 8), statics({"OTHER": 1}), DEVICE_0)
     assert not site.kept
     positional = LaunchSite()
-    positional.launch(stand_in, (x, 8, 64), statics({}), direct=True)
-    positional.launch(stand_in, (x, 8, 64), statics({}), direct=True)
+    positional.launch(stand_in, (x, 8, 64), statics({}), DEVICE_0)
+    positional.launch(stand_in, (x, 8, 64), statics({}), DEVICE_0)
     assert positional.kept and len(stand_in.bound) == 2, "every parameter passed positionally: nothing to append"
     binary = stand_in.binary
     assert isinstance(binary, StandInBinary) and binary.launches[0][-3:] == (x, 8, 64)
@@ -125,7 +128,7 @@ def test_a_binary_whose_constexprs_are_not_the_trailing_parameters_is_not_kept(s
 
 def test_what_is_not_a_compiled_kernel_is_not_kept() -> None:
     site = LaunchSite()
-    site.launch(StandInKernel(None), (torch.randn(8), 8), statics(), direct=True)  # the interpreter returns no binary
+    site.launch(StandInKernel(None), (torch.randn(8), 8), statics(), DEVICE_0)  # the interpreter returns no binary
     assert not site.kept
 
 

@@ -33,9 +33,10 @@ from moe_core.backends.triton.kernels import (
     dequantize_nvfp4_kernel,
     moe_gemm_kernel,
 )
-from moe_core.backends.triton.launcher import THROUGH_TRITON, Launcher, LaunchSite, direct_launches
+from moe_core.backends.triton.launcher import THROUGH_TRITON, Launcher, LaunchSite, current_target, direct_launches
 from moe_core.backends.triton.quant_info import Fp8Activations, StaticFp8Activations
 from moe_core.backends.triton.quantize import LocalPairs, quantize_fp8_groups, quantize_fp8_rows
+from moe_core.backends.triton.scratch import FRESH, Scratch, forward_scratch
 from moe_core.backends.triton.sorting import SortedTokens, cdiv, next_power_of_2, sort_tokens
 
 COMBINE_BLOCK = 1024
@@ -105,6 +106,18 @@ class KernelOperands:
         """True for FP8 weights: the GEMM's input rows are E4M3 with their scales."""
         return self.fp8 or self.fp8_blocks
 
+    @functools.cached_property
+    def arguments(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int, int, int, int]:
+        """The kernel's ``b``, ``b_scales`` and ``dequant`` pointers (``b`` where there is none: never read) and
+        their strides, worked out once per operand."""
+        b, scales, dequant = self.b, self.b_scales, self.dequant
+        stride_se, stride_sn = (0, 0) if scales is None else (scales.stride(0), scales.stride(1))
+        stride_de, stride_dn = (0, 0) if dequant is None else (1, 0) if dequant.dim() == 1 else (dequant.stride(0), dequant.stride(1))
+        return (
+            b, b if scales is None else scales, b if dequant is None else dequant, b.stride(0), b.stride(1),
+            stride_se, stride_sn, stride_de, stride_dn,
+        )
+
 
 class Operand(Protocol):
     """A GEMM's weights ``B`` of one kind, ready for a launch."""
@@ -124,6 +137,11 @@ class DenseOperand:
 
     def kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
         """The weights as they are."""
+        return self.operands
+
+    @functools.cached_property
+    def operands(self) -> KernelOperands:
+        """The same for every launch (made once)."""
         return KernelOperands(b=self.weights)
 
 
@@ -139,6 +157,11 @@ class Nvfp4Operand:
 
     def kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
         """The codes, their block scales and the global scales."""
+        return self.operands
+
+    @functools.cached_property
+    def operands(self) -> KernelOperands:
+        """The same for every launch (made once)."""
         return KernelOperands(b=self.packed, b_scales=self.block_scales, dequant=self.global_scales, nvfp4=True)
 
 
@@ -167,6 +190,11 @@ class Mxfp4Operand:
 
     def kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
         """The codes and their exponents."""
+        return self.operands
+
+    @functools.cached_property
+    def operands(self) -> KernelOperands:
+        """The same for every launch (made once)."""
         return KernelOperands(b=self.packed, b_scales=self.exponents, mxfp4=True)
 
 
@@ -195,6 +223,11 @@ class Fp8ChannelOperand:
 
     def kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
         """The codes and their row scales."""
+        return self.operands
+
+    @functools.cached_property
+    def operands(self) -> KernelOperands:
+        """The same for every launch (made once)."""
         return KernelOperands(b=self.codes, dequant=self.scales, fp8=True, promote=self.promote)
 
 
@@ -208,6 +241,11 @@ class Fp8BlockOperand:
 
     def kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
         """The codes and their block scales."""
+        return self.operands
+
+    @functools.cached_property
+    def operands(self) -> KernelOperands:
+        """The same for every launch (made once)."""
         return KernelOperands(b=self.codes, dequant=self.scales, fp8_blocks=True)
 
 
@@ -272,19 +310,16 @@ def launch(
     ops = gemm.weights.kernel_operands(a.dtype)
     if ops.takes_fp8_inputs and a_scales is None:
         raise ValueError("launch: FP8 weights need the scales of their FP8 input rows")
-    b, scales, dequant = ops.b, ops.b_scales, ops.dequant
+    b, scales, dequant, stride_be, stride_bn, stride_se, stride_sn, stride_de, stride_dn = ops.arguments
     bias = gemm.bias
     args = (
-        a, b, b if scales is None else scales, topk_weights if dequant is None else dequant,
+        a, b, scales, dequant,
         out, topk_weights, sorted_tokens.sorted_ids, sorted_tokens.expert_ids, sorted_tokens.num_rows,
         topk_weights if a_scales is None else a_scales, topk_weights if out_scale is None else out_scale,
         gemm.n, gemm.k, topk_weights.numel(), top_k, sorted_tokens.max_blocks,
-        a.stride(0), b.stride(0), b.stride(1),
-        0 if scales is None else scales.stride(0), 0 if scales is None else scales.stride(1),
-        0 if dequant is None else (dequant.stride(0) if dequant.dim() > 1 else 1),
-        dequant.stride(1) if dequant is not None and dequant.dim() > 1 else 0,
+        a.stride(0), stride_be, stride_bn, stride_se, stride_sn, stride_de, stride_dn,
         a_scales.stride(0) if a_scales is not None and a_scales.shape[0] > 1 else 0, out.stride(0),
-        topk_weights if bias is None else bias, 0 if bias is None else bias.stride(0),
+        b if bias is None else bias, 0 if bias is None else bias.stride(0),
     )
 
     def statics() -> tuple[tuple[int], dict[str, object]]:
@@ -316,17 +351,18 @@ Fp8Inputs = Fp8Activations | PerGroupFp8Activations | None
 """How a forward quantizes its GEMM inputs: not at all (16-bit and W4A16 weights), or one of the FP8 schemes."""
 
 
-def quantize_hidden(x: torch.Tensor, fp8: Fp8Inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+def quantize_hidden(x: torch.Tensor, fp8: Fp8Inputs, scratch: Scratch = FRESH) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The first GEMM's input and the scales of its rows (none for 16-bit weights)."""
     if fp8 is None:
         return x, None
     if isinstance(fp8, PerGroupFp8Activations):
-        return quantize_fp8_groups(x)
-    return quantize_fp8_rows(x, fp8.w13_input_scale.value if isinstance(fp8, StaticFp8Activations) else None)
+        return quantize_fp8_groups(x, scratch=scratch)
+    static = fp8.w13_input_scale.value if isinstance(fp8, StaticFp8Activations) else None
+    return quantize_fp8_rows(x, static, scratch=scratch)
 
 
 def quantize_gated(
-    inter: torch.Tensor, fp8: Fp8Inputs, config: MoeRunnerConfig, topk_ids: torch.Tensor
+    inter: torch.Tensor, fp8: Fp8Inputs, config: MoeRunnerConfig, topk_ids: torch.Tensor, scratch: Scratch = FRESH
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The second GEMM's input and its scales: with static scales the first GEMM already wrote E4M3; dynamic ones
     quantize only this rank's (token, slot) rows."""
@@ -336,8 +372,8 @@ def quantize_gated(
         return inter, fp8.w2_input_scale.value
     local = LocalPairs(topk_ids.reshape(-1), config.local_expert_offset, config.num_local_experts)
     if isinstance(fp8, PerGroupFp8Activations):
-        return quantize_fp8_groups(inter, local)
-    return quantize_fp8_rows(inter, None, local)
+        return quantize_fp8_groups(inter, local, scratch, "inter")
+    return quantize_fp8_rows(inter, None, local, scratch, "inter")
 
 
 def fused_moe(
@@ -350,26 +386,31 @@ def fused_moe(
     first GEMM writes the gated activation in E4M3), per row, or per row and
     128-column group. ``sites``: a memo's launch sites for this token count,
     dtypes and weights (:mod:`.launcher`), which launch their kept binaries
-    where the caller's tensors allow.
+    where the caller's tensors allow; the forward's own buffers are then
+    kept between decode forwards (:mod:`.scratch`).
     """
     hidden = dispatch.hidden_states.contiguous()
     ids, weights = dispatch.topk.topk_ids.contiguous(), dispatch.topk.topk_weights.contiguous()  # the kernels index both flat
     tokens, top_k = ids.shape
-    launcher = THROUGH_TRITON
+    device = hidden.device
+    launcher, buffers = THROUGH_TRITON, FRESH
     if sites is not None:
         # a one-row view's stride is the caller's: the kernels' binaries are specialized on it
         direct = hidden.stride(0) == hidden.shape[1] and direct_launches((hidden, ids, weights))
-        launcher = Launcher(sites, direct)
-    sorted_tokens = sort_tokens(ids, config.num_local_experts, config.local_expert_offset, w13.config.block_m, launcher)
+        target = current_target()
+        launcher, buffers = Launcher(sites, direct, target), forward_scratch(tokens * top_k, target[1], device)
+    sorted_tokens = sort_tokens(
+        ids, config.num_local_experts, config.local_expert_offset, w13.config.block_m, launcher, buffers
+    )
     epilogue = Epilogue.of(config)
     static = fp8 if isinstance(fp8, StaticFp8Activations) else None
-    x, x_scales = quantize_hidden(hidden, fp8)
+    x, x_scales = quantize_hidden(hidden, fp8, buffers)
     inter_dtype = torch.float8_e4m3fn if static is not None else hidden.dtype
-    inter = torch.empty((tokens * top_k, w13.n), dtype=inter_dtype, device=hidden.device)
+    inter = buffers("inter", (tokens * top_k, w13.n), inter_dtype, device)
     out_scale = None if static is None else static.w2_input_scale.value
     launch(x, w13, inter, weights, sorted_tokens, top_k, True, epilogue, x_scales, out_scale, launcher)
-    inter, inter_scales = quantize_gated(inter, fp8, config, ids)
-    down = torch.empty((tokens * top_k, w2.n), dtype=hidden.dtype, device=hidden.device)
+    inter, inter_scales = quantize_gated(inter, fp8, config, ids, buffers)
+    down = buffers("down", (tokens * top_k, w2.n), hidden.dtype, device)
     launch(inter, w2, down, weights, sorted_tokens, top_k, False, epilogue, inter_scales, launcher=launcher)
     out = torch.empty_like(hidden, memory_format=torch.contiguous_format)
     launcher(

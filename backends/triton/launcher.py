@@ -30,6 +30,9 @@ from moe_core.backends.triton.kernels import INTERPRETED
 
 Grid = tuple[int] | tuple[int, int] | tuple[int, int, int]
 
+Target = tuple[int, int]
+"""Where a direct launch goes: the current device and its current stream's handle, asked once per forward."""
+
 Statics = Callable[[], tuple[Grid, Mapping[str, object]]]
 """A launch's grid and constexprs (``num_warps`` and ``num_stages`` among them), asked for only when Triton binds it."""
 
@@ -114,14 +117,14 @@ class LaunchSite:
         """Whether the site holds a binary to launch directly."""
         return self._binary is not None
 
-    def launch(self, kernel: JitKernel, args: Sequence[object], statics: Statics, direct: bool) -> None:
-        """``kernel[grid](*args, **constexprs)``; with ``direct``, the kept binary where there is one for the current
-        device."""
+    def launch(self, kernel: JitKernel, args: Sequence[object], statics: Statics, target: Target | None) -> None:
+        """``kernel[grid](*args, **constexprs)``; with a ``target`` (direct launches allowed), the kept binary where
+        there is one for its device."""
         binary = self._binary
-        if direct and binary is not None:
-            device = _current_device()
+        if target is not None and binary is not None:
+            device, stream = target
             if device == self._device:
-                full, stream, dims = (*args, *self._tail), _current_stream(device), self._dims
+                full, dims = (*args, *self._tail), self._dims
                 hooks = triton.knobs.runtime
                 self._run(
                     dims[0], dims[1], dims[2], stream, binary.function, binary.packed_metadata,
@@ -130,11 +133,12 @@ class LaunchSite:
                 return
         grid, constexprs = statics()
         launched = kernel[grid](*args, **constexprs)
-        if direct:
-            self._keep(kernel, launched, grid, len(args), constexprs)
+        if target is not None:
+            self._keep(kernel, launched, grid, len(args), constexprs, target[0])
 
     def _keep(
-        self, kernel: JitKernel, binary: object, grid: Grid, runtime_args: int, constexprs: Mapping[str, object]
+        self, kernel: JitKernel, binary: object, grid: Grid, runtime_args: int, constexprs: Mapping[str, object],
+        device: int,
     ) -> None:
         """Keep ``binary`` if it is a compiled kernel whose launcher takes the constexprs after the runtime arguments
         (Triton's own launch passes every parameter in order); otherwise the site keeps going through Triton."""
@@ -148,19 +152,30 @@ class LaunchSite:
         dims = (*grid, 1, 1)
         self._dims = (dims[0], dims[1], dims[2])
         self._tail = tuple(constexprs[name] for name in names)
-        self._device = _current_device()
+        self._device = device
         self._binary, self._run = binary, binary.run
+
+
+def current_target() -> Target:
+    """The current device and stream (the interpreter's: 0 and 0)."""
+    if INTERPRETED:
+        return 0, 0
+    device = _current_device()
+    return device, _current_stream(device)
 
 
 @final
 class Launcher:
     """How one forward launches its kernels: through Triton (``sites`` None), or through the memo's sites by name,
-    directly where ``direct`` (:func:`direct_launches`) allows."""
+    directly where ``direct`` (:func:`direct_launches`) allows, on ``target`` (:func:`current_target` by default)."""
 
-    __slots__ = ("_direct", "_sites")
+    __slots__ = ("_sites", "_target")
 
-    def __init__(self, sites: dict[str, LaunchSite] | None = None, direct: bool = False) -> None:
-        self._sites, self._direct = sites, direct
+    def __init__(
+        self, sites: dict[str, LaunchSite] | None = None, direct: bool = False, target: Target | None = None
+    ) -> None:
+        self._sites = sites
+        self._target = (target or current_target()) if direct else None
 
     def __call__(self, name: str, kernel: JitKernel, args: Sequence[object], statics: Statics) -> None:
         """Launch ``kernel`` at the forward's site ``name`` (one kernel per name)."""
@@ -172,7 +187,7 @@ class Launcher:
         site = sites.get(name)
         if site is None:
             site = sites[name] = LaunchSite()
-        site.launch(kernel, args, statics, self._direct)
+        site.launch(kernel, args, statics, self._target)
 
 
 THROUGH_TRITON = Launcher()

@@ -8,6 +8,7 @@ import attrs
 import torch
 
 from moe_core.backends.triton.kernels import INTERPRETED, quantize_groups_kernel, quantize_rows_kernel
+from moe_core.backends.triton.scratch import FRESH, Scratch
 from moe_core.backends.triton.sorting import next_power_of_2
 from moe_core.fp8 import FP8_BLOCK, MIN_DYNAMIC_SCALE
 
@@ -27,7 +28,8 @@ MAX_BLOCK = 4096
 
 
 def quantize_fp8_rows(
-    x: torch.Tensor, static_scale: torch.Tensor | None, pairs: LocalPairs | None = None
+    x: torch.Tensor, static_scale: torch.Tensor | None, pairs: LocalPairs | None = None, scratch: Scratch = FRESH,
+    name: str = "x",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` as E4M3 codes and the scales that dequantize them.
 
@@ -35,11 +37,12 @@ def quantize_fp8_rows(
     returned as the scales; otherwise each row gets its own
     ``max(amax / 448, MIN_DYNAMIC_SCALE)``, returned as ``[M]`` float32.
     With ``pairs`` the rows are (token, slot) pairs and only this rank's are
-    quantized (the others' codes and scales are left unwritten).
+    quantized (the others' codes and scales are left unwritten). The codes
+    and scales are ``scratch``'s buffers ``<name>_codes`` and ``<name>_scales``.
     """
     rows, cols = x.shape
-    codes = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
-    scales = static_scale if static_scale is not None else torch.empty(rows, dtype=torch.float32, device=x.device)
+    codes = scratch(f"{name}_codes", (rows, cols), torch.float8_e4m3fn, x.device)
+    scales = static_scale if static_scale is not None else scratch(f"{name}_scales", (rows,), torch.float32, x.device)
     ids = scales if pairs is None else pairs.topk_ids
     offset, num_local = (0, 0) if pairs is None else (pairs.offset, pairs.num_local)
     quantize_rows_kernel[(rows,)](
@@ -50,16 +53,18 @@ def quantize_fp8_rows(
     return codes, scales
 
 
-def quantize_fp8_groups(x: torch.Tensor, pairs: LocalPairs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_groups(
+    x: torch.Tensor, pairs: LocalPairs | None = None, scratch: Scratch = FRESH, name: str = "x"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` (K a multiple of 128) as E4M3 codes and one scale per row and 128-column group, ``[M, K / 128]``.
 
-    ``pairs`` as in :func:`quantize_fp8_rows`.
+    ``pairs``, ``scratch`` and ``name`` as in :func:`quantize_fp8_rows`.
     """
     rows, cols = x.shape
     if cols % FP8_BLOCK:
         raise ValueError(f"x: expected a multiple of {FP8_BLOCK} columns, got {cols}")
-    codes = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty((rows, cols // FP8_BLOCK), dtype=torch.float32, device=x.device)
+    codes = scratch(f"{name}_codes", (rows, cols), torch.float8_e4m3fn, x.device)
+    scales = scratch(f"{name}_scales", (rows, cols // FP8_BLOCK), torch.float32, x.device)
     ids = scales if pairs is None else pairs.topk_ids
     offset, num_local = (0, 0) if pairs is None else (pairs.offset, pairs.num_local)
     quantize_groups_kernel[(rows, cols // FP8_BLOCK)](

@@ -153,8 +153,10 @@ class TritonRunner(Generic[Q]):
     def run(self, dispatch: DispatchOutput, quant_info: Q, /) -> torch.Tensor:
         """The ``[T, H]`` MoE output in the activations' dtype."""
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
-        self.plan.check(self.config, quant_info)
-        launches, sites = self.memo.forward(
-            quant_info, dispatch, lambda: self.plan.launches(self.config, dispatch, quant_info)
-        )
+        launches, sites = self.memo.forward(quant_info, dispatch, lambda: self._plan(dispatch, quant_info))
         return fused_moe(self.config, dispatch, launches.w13, launches.w2, launches.inputs, sites)
+
+    def _plan(self, dispatch: DispatchOutput, quant_info: Q) -> Launches:
+        """The plan's check and launches: once per memo key (the memo plans again wherever ``quant_info`` changed)."""
+        self.plan.check(self.config, quant_info)
+        return self.plan.launches(self.config, dispatch, quant_info)

@@ -24,6 +24,7 @@ import torch
 
 from moe_core.backends.triton.kernels import count_kernel, scan_kernel, scatter_kernel, sort_one_program_kernel
 from moe_core.backends.triton.launcher import THROUGH_TRITON, Launcher
+from moe_core.backends.triton.scratch import FRESH, Scratch
 
 CHUNK = 1024
 """(token, slot) pairs per program in the count and scatter kernels."""
@@ -87,18 +88,18 @@ def _sizes(numel: int, num_local_experts: int, block_m: int) -> tuple[int, int, 
 
 def sort_tokens(
     topk_ids: torch.Tensor, num_local_experts: int, local_expert_offset: int, block_m: int,
-    launcher: Launcher = THROUGH_TRITON,
+    launcher: Launcher = THROUGH_TRITON, scratch: Scratch = FRESH,
 ) -> SortedTokens:
-    """Group ``topk_ids [T, K]`` (global ids) by this rank's experts, each group padded to ``block_m`` rows."""
+    """Group ``topk_ids [T, K]`` (global ids) by this rank's experts, each group padded to ``block_m`` rows; the one-launch
+    sort's buffers from ``scratch`` (it writes every element it reads)."""
     ids = topk_ids.reshape(-1)
     numel = ids.numel()
     device = ids.device
     rows, blocks, bins, blocks_per_step = _sizes(numel, num_local_experts, block_m)
-    sorted_ids = torch.empty(rows, dtype=torch.int32, device=device)
-    expert_ids = torch.empty(blocks, dtype=torch.int32, device=device)
-    total = torch.empty(1, dtype=torch.int32, device=device)
     if numel <= ONE_PROGRAM_PAIRS:
-        cursors = torch.empty(bins, dtype=torch.int32, device=device)
+        int32 = torch.int32
+        sorted_ids, expert_ids = scratch("sorted_ids", (rows,), int32, device), scratch("expert_ids", (blocks,), int32, device)
+        total, cursors = scratch("num_rows", (1,), int32, device), scratch("cursors", (bins,), int32, device)
         launcher(
             "sort", sort_one_program_kernel,
             (ids, cursors, sorted_ids, expert_ids, total, numel, local_expert_offset, num_local_experts, rows, blocks),
@@ -108,6 +109,9 @@ def sort_tokens(
             )),
         )
         return SortedTokens(sorted_ids, expert_ids, total, block_m)
+    sorted_ids = torch.empty(rows, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(blocks, dtype=torch.int32, device=device)
+    total = torch.empty(1, dtype=torch.int32, device=device)
     counts = torch.zeros(bins, dtype=torch.int32, device=device)
     starts = torch.empty(bins, dtype=torch.int32, device=device)
     cursors = torch.zeros(bins, dtype=torch.int32, device=device)
