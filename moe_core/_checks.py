@@ -264,10 +264,14 @@ class WriteCount:
     is shared by the whole buffer, so a count that moved is checked against the contents before it says the tensor
     was written."""
 
-    __slots__ = ("count", "fingerprint", "pointer", "tensor")
+    __slots__ = ("count", "fingerprint", "pointer", "_source_shape", "_tensor")
 
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
+    def __init__(self, tensor: torch.Tensor, *, weak: bool = False) -> None:
+        """``weak``: hold ``tensor`` by a weak reference (a conversion's source, which its owner may free): once it is
+        gone, or given memory of another shape (``param.data = torch.empty(0)``, a release), it holds no weights
+        anyone could expect to run, and counts no writes."""
+        self._tensor: Callable[[], torch.Tensor | None] = weakref.ref(tensor) if weak else (lambda: tensor)
+        self._source_shape = tensor.shape if weak else None
         self.pointer = tensor.data_ptr()
         self.count = write_count(tensor)
         self.fingerprint = _fingerprint(tensor) if self.count >= 0 and _in_larger_buffer(tensor) else None
@@ -276,12 +280,17 @@ class WriteCount:
         """In-place writes into the tensor since then (its counter's moves; 0 where they were writes into other parts
         of its buffer, which left its own contents as they were); at least 1 where the tensor now addresses other
         memory (``set_``, ``torch.utils.swap_tensors``), whatever its counter says."""
-        now = write_count(self.tensor)
-        if self.tensor.data_ptr() != self.pointer:
+        tensor = self._tensor()
+        if tensor is None:
+            return 0
+        now = write_count(tensor)
+        if tensor.data_ptr() != self.pointer:
+            if self._source_shape is not None and tensor.shape != self._source_shape:
+                return 0
             return max(now - self.count, 1)
         if now == self.count:
             return 0
-        if self.fingerprint is not None and _fingerprint(self.tensor) == self.fingerprint:
+        if self.fingerprint is not None and _fingerprint(tensor) == self.fingerprint:
             self.count = now
             return 0
         return now - self.count

@@ -76,6 +76,9 @@ class BoundRunner(Generic[Q]):
     judge: BackendAnswer | None = attrs.field(default=None, kw_only=True)
     """The backend's answer for this layer per hidden-states dtype (a route's or key's bind passes it); None where
     nothing was asked of the backend."""
+    sources: tuple[tuple[str, WriteCount], ...] = attrs.field(default=(), kw_only=True, repr=False)
+    """The tensors a conversion built the quant info from (weakly held), by field path, with their write counts at
+    binding: where it copied them, a write into them would otherwise go unseen (adversarial pass 9, c13)."""
     _writes: tuple[tuple[str, WriteCount], ...] = attrs.field(init=False, repr=False)
     """Each tensor the quant info holds, by field path, with its write count at binding."""
 
@@ -133,7 +136,7 @@ class BoundRunner(Generic[Q]):
         return _bind_again, (self.runner, self.quant_info, self.judge)
 
     def _require_unwritten(self) -> None:
-        """Refuse weights written in place since binding."""
+        """Refuse weights written in place since binding, the quant info's or those its conversion read."""
         for path, counted in self._writes:
             writes = counted.writes()
             if writes:
@@ -141,6 +144,14 @@ class BoundRunner(Generic[Q]):
                     f"{path}: written in place after its weights were built ({writes} write(s), e.g. a staging "
                     "buffer reused for the next layer's weights): bound weights are immutable; bind new ones (a scheme "
                     "reloads through its loader)"
+                )
+        for path, counted in self.sources:
+            writes = counted.writes()
+            if writes:
+                raise RuntimeError(
+                    f"{path}: written in place after it was bound ({writes} write(s)); the backend's conversion copied "
+                    "it, so the bound layer would still run the values it had: bound weights are immutable; bind new "
+                    "ones"
                 )
 
     def _require_supported(self, judge: BackendAnswer, dtype: torch.dtype) -> None:
@@ -475,7 +486,18 @@ class Route(Generic[W, Q]):
                 f"backend {self.name!r}: its conversion wrote the {self.source.name} weights' {path} in place "
                 "(the caller's weights, which other backends and layers may hold); a conversion builds new tensors"
             )
-        return BoundRunner(create_runner(self._key, config), quant_info, judge=judge)
+        return BoundRunner(create_runner(self._key, config), quant_info, judge=judge, sources=_sources(held, quant_info))
+
+
+def _sources(held: list[tuple[str, object]], quant_info: object) -> tuple[tuple[str, WriteCount], ...]:
+    """The tensors of ``held`` (a conversion's source weights) that ``quant_info`` does not hold itself (those the
+    bound runner watches anyway), each watched weakly."""
+    own = {id(value) for _, value in _held(type(quant_info).__name__, quant_info)}
+    return tuple(
+        (path, WriteCount(value, weak=True))
+        for path, value in held
+        if isinstance(value, torch.Tensor) and id(value) not in own and write_count(value) >= 0
+    )
 
 
 @final
@@ -517,9 +539,14 @@ class DegradedRoute(Generic[W, V]):
         return self.route.supports(device, layer)
 
     def bind(self, config: MoeRunnerConfig, weights: W) -> MoeForward:
-        """Degrade ``weights``, then convert them once into the backend's quant info."""
-        refuse_writes_since_built(_held(type(weights).__name__, weights))  # before the degradation copies them
-        return self.route.bind(config, self.step.convert(weights))
+        """Degrade ``weights``, then convert them once into the backend's quant info; ``weights``' tensors are watched
+        as a conversion's sources (the degradation copied them)."""
+        held = _held(type(weights).__name__, weights)
+        refuse_writes_since_built(held)  # before the degradation copies them
+        forward = self.route.bind(config, self.step.convert(weights))
+        if isinstance(forward, BoundRunner):
+            return attrs.evolve(forward, sources=(*forward.sources, *_sources(held, forward.quant_info)))
+        return forward
 
 
 class BackendEntry(Protocol):

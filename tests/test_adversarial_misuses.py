@@ -67,7 +67,7 @@ from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.checkpoint import MoeCheckpoint
 from moe_core.distributed import ExpertParallelMoe, LocalDispatcher, load_expert_parallel, slot_config
 from moe_core.formats.dense import ExpertBiases
-from moe_core.formats import NVFP4
+from moe_core.formats import FP8, NVFP4
 from moe_core.formats.fp8 import Fp8MoeWeights
 from moe_core.formats.mxfp4 import Mxfp4MoeWeights
 from moe_core.formats.nvfp4_w4a16 import Nvfp4W4A16MoeWeights
@@ -1157,3 +1157,41 @@ def test_layers_built_from_slices_of_one_buffer_survive_writes_into_the_other_sl
     with pytest.raises(RuntimeError, match=r"\.w2: written in place after its weights were built"):
         built[0](x)
     built[1](x)
+
+
+@pytest.mark.parametrize("backend", ["triton-dense", "triton-fp8"])
+def test_weights_a_conversion_copied_are_watched_after_binding(gen: torch.Generator, backend: str) -> None:
+    """Silent (adversarial pass 9, c13, c14): triton-dense copies float32 weights into 16-bit ones, triton-fp8 copies
+    the gate and up codes into one tensor, so an in-place write into the weights bound (an RL refit's ``copy_``) ran
+    the old values, 1.5 off the new ones, where the reference backends refuse it by name. The bound forward watches
+    the conversion's sources too (weakly: freed or released ones, ``.data = torch.empty(0)``, count no writes)."""
+    config = MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=32, top_k=2)
+    w13, w2 = torch.randn(4, 64, 64, generator=gen) / 8, torch.randn(4, 64, 32, generator=gen) / 6
+    dispatch = StandardDispatchOutput(
+        torch.randn(3, 64, generator=gen).half(), select_experts(torch.randn(3, 4, generator=gen), config)
+    )
+    if backend == "triton-dense":
+        weights: DenseMoeWeights | Fp8MoeWeights = DenseMoeWeights(w13=w13, w2=w2)
+        written = w13
+        fmt = DENSE
+    else:
+        gate_up = Fp8GateUpWeights.quantize(w13)
+        weights = Fp8MoeWeights(
+            w13=gate_up, w2=Fp8ExpertWeights.quantize(w2),
+            w13_input_scale=Fp8TensorScale.from_amax(4.0), w2_input_scale=Fp8TensorScale.from_amax(4.0),
+        )
+        written = gate_up.gate.codes
+        fmt = FP8
+    forward = choose(fmt, DeviceSpec.parse("cpu"), LayerSpec(config, fmt, torch.float16), name=backend).chosen.bind(config, weights)
+    assert isinstance(forward, BoundRunner) and forward.sources, "the conversion copied: its sources are watched"
+    forward(dispatch)
+    written.view(torch.uint8).bitwise_xor_(0x01)  # new values in place
+    with pytest.raises(RuntimeError, match=r"written in place after it was bound \(1 write\(s\)\); the backend's conversion copied"):
+        forward(dispatch)
+    released = choose(fmt, DeviceSpec.parse("cpu"), LayerSpec(config, fmt, torch.float16), name=backend).chosen
+    if backend == "triton-dense":
+        source = torch.randn(4, 64, 64, generator=gen) / 8
+        bound = released.bind(config, DenseMoeWeights(w13=source, w2=w2.clone()))
+        expected = bound(dispatch)
+        source.data = torch.empty(0)  # released: no weights anyone could expect to run
+        torch.testing.assert_close(bound(dispatch), expected, rtol=0, atol=0)

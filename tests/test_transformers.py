@@ -492,6 +492,9 @@ REFUSED: dict[str, tuple[str, dict[str, object], str]] = {
     "cohere2_moe/unknown strategy": (
         "cohere2_moe", {"shared_expert_combination_strategy": "max"}, "'sum' or 'average'"
     ),
+    "nemotron_h/tanh-gelu experts": (  # adversarial pass 9, c09: a shared expert's shape error, not the activation
+        "nemotron_h", {"mlp_hidden_act": "gelu_pytorch_tanh"}, "not gated, .* relu2 only, got 'gelu_pytorch_tanh'"
+    ),
 }
 """Readings of a covered family's config that moe-core does not compute: refused by name, nothing swapped."""
 

@@ -428,6 +428,11 @@ def _nemotron_h(block: nn.Module, config: object) -> BlockParts:
     if _get(config, "mlp_bias", bool):
         raise ValueError("mlp_bias: a shared expert with biases is not covered")
     activation = _checked_activation(block, config, "mlp_hidden_act")
+    if activation is not Activation.RELU2:  # a gated name's experts would be refused by their shapes, not by name
+        raise ValueError(
+            f"mlp_hidden_act: Nemotron-H's experts are not gated, and of non-gated activations moe-core computes relu2 "
+            f"only, got {_get(config, 'mlp_hidden_act', str)!r}"
+        )
     weights = DenseMoeWeights(w13=_tensor(block, "experts.up_proj"), w2=_tensor(block, "experts.down_proj"))
     shared = SharedExpert(
         w13=_tensor(block, "shared_experts.up_proj.weight"),
