@@ -1170,10 +1170,12 @@ def test_weights_a_conversion_copied_are_watched_after_binding(gen: torch.Genera
     dispatch = StandardDispatchOutput(
         torch.randn(3, 64, generator=gen).half(), select_experts(torch.randn(3, 4, generator=gen), config)
     )
+    cpu = DeviceSpec.parse("cpu")
     if backend == "triton-dense":
-        weights: DenseMoeWeights | Fp8MoeWeights = DenseMoeWeights(w13=w13, w2=w2)
         written = w13
-        fmt = DENSE
+        forward = choose(DENSE, cpu, LayerSpec(config, DENSE, torch.float16), name=backend).chosen.bind(
+            config, DenseMoeWeights(w13=w13, w2=w2)
+        )
     else:
         gate_up = Fp8GateUpWeights.quantize(w13)
         weights = Fp8MoeWeights(
@@ -1181,15 +1183,14 @@ def test_weights_a_conversion_copied_are_watched_after_binding(gen: torch.Genera
             w13_input_scale=Fp8TensorScale.from_amax(4.0), w2_input_scale=Fp8TensorScale.from_amax(4.0),
         )
         written = gate_up.gate.codes
-        fmt = FP8
-    forward = choose(fmt, DeviceSpec.parse("cpu"), LayerSpec(config, fmt, torch.float16), name=backend).chosen.bind(config, weights)
+        forward = choose(FP8, cpu, LayerSpec(config, FP8, torch.float16), name=backend).chosen.bind(config, weights)
     assert isinstance(forward, BoundRunner) and forward.sources, "the conversion copied: its sources are watched"
     forward(dispatch)
     written.view(torch.uint8).bitwise_xor_(0x01)  # new values in place
     with pytest.raises(RuntimeError, match=r"written in place after it was bound \(1 write\(s\)\); the backend's conversion copied"):
         forward(dispatch)
-    released = choose(fmt, DeviceSpec.parse("cpu"), LayerSpec(config, fmt, torch.float16), name=backend).chosen
     if backend == "triton-dense":
+        released = choose(DENSE, cpu, LayerSpec(config, DENSE, torch.float16), name=backend).chosen
         source = torch.randn(4, 64, 64, generator=gen) / 8
         bound = released.bind(config, DenseMoeWeights(w13=source, w2=w2.clone()))
         expected = bound(dispatch)
