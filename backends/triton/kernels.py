@@ -38,7 +38,8 @@ constexpr flags:
 - ``FP8_BLOCKS``: ``B`` has one scale per 128x128 block (``dequant
   [E, N / 128, K / 128]``) and ``A`` one per row and 128-column group
   (``a_scales [rows, K / 128]``); each K tile (a divisor of 128) is a fresh
-  dot product scaled by both and added in float32. ``OUT_FP8``: the gated output is
+  dot product scaled by both and added in float32 (where ``BLOCK_N`` divides
+  128, one factor per row: ``A``'s scale times the tile's one ``B`` scale). ``OUT_FP8``: the gated output is
   quantized to E4M3 with one static scale (the second GEMM's input scale)
   before it is stored.
 - ``RELU2`` (the first GEMM of a non-gated layer, ``GATED`` off): ``B`` is
@@ -502,11 +503,18 @@ def moe_gemm_kernel(
             if FP8_BLOCKS:
                 group = k_start // 128
                 a_scales = tl.load(a_scales_ptr + a_rows * stride_as + group)[:, None]
-                b_scales = tl.load(dequant_ptr + expert * stride_de + (offs_n // 128) * stride_dn + group)
-                acc += tl.dot(a, b.to(dot_dtype)) * a_scales * b_scales[None, :]
-                if GATED:
-                    up_scales = tl.load(dequant_ptr + expert * stride_de + ((offs_n + N) // 128) * stride_dn + group)
-                    acc_up += tl.dot(a, up.to(dot_dtype)) * a_scales * up_scales[None, :]
+                if BLOCK_N <= 128:  # the tile's columns lie in one 128-row block of B: one scale, one FMA an element
+                    b_block = dequant_ptr + expert * stride_de + ((pid_n * BLOCK_N) // 128) * stride_dn + group
+                    acc += tl.dot(a, b.to(dot_dtype)) * (a_scales * tl.load(b_block))
+                    if GATED:
+                        up_block = b_block + (N // 128) * stride_dn
+                        acc_up += tl.dot(a, up.to(dot_dtype)) * (a_scales * tl.load(up_block))
+                else:
+                    b_scales = tl.load(dequant_ptr + expert * stride_de + (offs_n // 128) * stride_dn + group)
+                    acc += tl.dot(a, b.to(dot_dtype)) * a_scales * b_scales[None, :]
+                    if GATED:
+                        up_scales = tl.load(dequant_ptr + expert * stride_de + ((offs_n + N) // 128) * stride_dn + group)
+                        acc_up += tl.dot(a, up.to(dot_dtype)) * a_scales * up_scales[None, :]
             elif FP8 and PROMOTE and not UPCAST:
                 # promote to float32 every tile: Hopper's FP8 MMAs keep fewer accumulator bits
                 acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
