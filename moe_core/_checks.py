@@ -264,14 +264,10 @@ class WriteCount:
     is shared by the whole buffer, so a count that moved is checked against the contents before it says the tensor
     was written."""
 
-    __slots__ = ("count", "fingerprint", "pointer", "_source_shape", "_tensor")
+    __slots__ = ("count", "fingerprint", "pointer", "tensor")
 
-    def __init__(self, tensor: torch.Tensor, *, weak: bool = False) -> None:
-        """``weak``: hold ``tensor`` by a weak reference (a conversion's source, which its owner may free): once it is
-        gone, or given memory of another shape (``param.data = torch.empty(0)``, a release), it holds no weights
-        anyone could expect to run, and counts no writes."""
-        self._tensor: Callable[[], torch.Tensor | None] = weakref.ref(tensor) if weak else (lambda: tensor)
-        self._source_shape = tensor.shape if weak else None
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
         self.pointer = tensor.data_ptr()
         self.count = write_count(tensor)
         self.fingerprint = _fingerprint(tensor) if self.count >= 0 and _in_larger_buffer(tensor) else None
@@ -280,20 +276,70 @@ class WriteCount:
         """In-place writes into the tensor since then (its counter's moves; 0 where they were writes into other parts
         of its buffer, which left its own contents as they were); at least 1 where the tensor now addresses other
         memory (``set_``, ``torch.utils.swap_tensors``), whatever its counter says."""
-        tensor = self._tensor()
-        if tensor is None:
-            return 0
-        now = write_count(tensor)
-        if tensor.data_ptr() != self.pointer:
-            if self._source_shape is not None and tensor.shape != self._source_shape:
-                return 0
+        now = write_count(self.tensor)
+        if self.tensor.data_ptr() != self.pointer:
             return max(now - self.count, 1)
         if now == self.count:
             return 0
-        if self.fingerprint is not None and _fingerprint(tensor) == self.fingerprint:
+        if self.fingerprint is not None and _fingerprint(self.tensor) == self.fingerprint:
             self.count = now
             return 0
         return now - self.count
+
+
+SOURCE_FINGERPRINT_BYTES = 16 << 20
+"""A conversion's CPU source up to this size is fingerprinted at binding (about 35 ms a MB on a CPU core), so memory it
+is moved to with the same bytes (``share_memory_()``) is told from new values; CUDA sources are, whatever their size."""
+
+
+class SourceWatch:
+    """A tensor a backend's conversion copied, watched after binding without keeping it alive: the bound layer runs the
+    copy, so a write into the tensor (an in-place refit) would otherwise change nothing the caller can see.
+
+    It holds the tensor's root buffer weakly (a view the caller never kept,
+    ``arena[0]``, dies at once; the buffer it viewed does not) and the
+    region the tensor spans. The buffer freed, or its memory released
+    (``untyped_storage().resize_(0)``, ``.data = torch.empty(0)``: too small
+    for the region), holds no weights anyone could expect to run and counts
+    no writes; moved to other memory with the same bytes, where fingerprinted
+    (:data:`SOURCE_FINGERPRINT_BYTES`), neither.
+    """
+
+    __slots__ = ("_base", "_region", "count", "fingerprint", "pointer")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        root = tensor._base
+        base = tensor if root is None or root.dtype != tensor.dtype else root  # a dtype view: its own element units
+        self._base = weakref.ref(base)
+        self._region = (tuple(tensor.shape), tensor.stride(), tensor.storage_offset())
+        self.pointer = tensor.data_ptr()
+        self.count = write_count(tensor)
+        small = tensor.numel() * tensor.element_size() <= SOURCE_FINGERPRINT_BYTES
+        self.fingerprint = _fingerprint(tensor) if tensor.is_cuda or small else None
+
+    def _region_now(self) -> torch.Tensor | None:
+        """The watched region of the buffer as it is now; None where the buffer is gone or no longer holds it."""
+        base = self._base()
+        if base is None:
+            return None
+        shape, stride, offset = self._region
+        last = offset + sum((size - 1) * step for size, step in zip(shape, stride)) if all(shape) else offset
+        if (last + 1) * base.element_size() > base.untyped_storage().nbytes():
+            return None
+        return base.as_strided(shape, stride, offset)
+
+    def writes(self) -> int:
+        """Writes into the region since binding (as :meth:`WriteCount.writes`), 0 where it is released or gone."""
+        region = self._region_now()
+        if region is None:
+            return 0
+        now = write_count(region)
+        if now == self.count and region.data_ptr() == self.pointer:
+            return 0
+        if self.fingerprint is not None and _fingerprint(region) == self.fingerprint:
+            self.count, self.pointer = now, region.data_ptr()
+            return 0
+        return max(now - self.count, 1)
 
 
 _BUILT: weakref.WeakKeyDictionary[object, list[tuple[str, WriteCount]]] = weakref.WeakKeyDictionary()

@@ -36,7 +36,7 @@ from typing import Generic, Protocol, TypeVar, final, overload
 import attrs
 import torch
 
-from moe_core._checks import WriteCount, require_unwritten_since_built, write_count
+from moe_core._checks import SourceWatch, WriteCount, require_unwritten_since_built, write_count
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig, config_differences
 from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
@@ -76,7 +76,7 @@ class BoundRunner(Generic[Q]):
     judge: BackendAnswer | None = attrs.field(default=None, kw_only=True)
     """The backend's answer for this layer per hidden-states dtype (a route's or key's bind passes it); None where
     nothing was asked of the backend."""
-    sources: tuple[tuple[str, WriteCount], ...] = attrs.field(default=(), kw_only=True, repr=False)
+    sources: tuple[tuple[str, SourceWatch], ...] = attrs.field(default=(), kw_only=True, repr=False)
     """The tensors a conversion built the quant info from (weakly held), by field path, with their write counts at
     binding: where it copied them, a write into them would otherwise go unseen (adversarial pass 9, c13)."""
     _writes: tuple[tuple[str, WriteCount], ...] = attrs.field(init=False, repr=False)
@@ -145,13 +145,13 @@ class BoundRunner(Generic[Q]):
                     "buffer reused for the next layer's weights): bound weights are immutable; bind new ones (a scheme "
                     "reloads through its loader)"
                 )
-        for path, counted in self.sources:
-            writes = counted.writes()
+        for path, watched in self.sources:
+            writes = watched.writes()
             if writes:
                 raise RuntimeError(
-                    f"{path}: written in place after it was bound ({writes} write(s)); the backend's conversion copied "
-                    "it, so the bound layer would still run the values it had: bound weights are immutable; bind new "
-                    "ones"
+                    f"{path}: written in place or given other values after it was bound ({writes} write(s)); the "
+                    "backend's conversion copied it, so the bound layer would still run the values it had: bound "
+                    "weights are immutable; bind new ones"
                 )
 
     def _require_supported(self, judge: BackendAnswer, dtype: torch.dtype) -> None:
@@ -489,12 +489,12 @@ class Route(Generic[W, Q]):
         return BoundRunner(create_runner(self._key, config), quant_info, judge=judge, sources=_sources(held, quant_info))
 
 
-def _sources(held: list[tuple[str, object]], quant_info: object) -> tuple[tuple[str, WriteCount], ...]:
+def _sources(held: list[tuple[str, object]], quant_info: object) -> tuple[tuple[str, SourceWatch], ...]:
     """The tensors of ``held`` (a conversion's source weights) that ``quant_info`` does not hold itself (those the
-    bound runner watches anyway), each watched weakly."""
+    bound runner watches anyway), each watched without being kept alive."""
     own = {id(value) for _, value in _held(type(quant_info).__name__, quant_info)}
     return tuple(
-        (path, WriteCount(value, weak=True))
+        (path, SourceWatch(value))
         for path, value in held
         if isinstance(value, torch.Tensor) and id(value) not in own and write_count(value) >= 0
     )

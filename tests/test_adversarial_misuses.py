@@ -71,7 +71,7 @@ from moe_core.formats import FP8, NVFP4
 from moe_core.formats.fp8 import Fp8MoeWeights
 from moe_core.formats.mxfp4 import Mxfp4MoeWeights
 from moe_core.formats.nvfp4_w4a16 import Nvfp4W4A16MoeWeights
-from moe_core.registry import BoundRunner, choose
+from moe_core.registry import BoundRunner, MoeForward, choose
 from moe_core.global_scales import NVFP4_RANGE
 from moe_core.synthetic import (
     quantize_fp8_layer,
@@ -1187,12 +1187,62 @@ def test_weights_a_conversion_copied_are_watched_after_binding(gen: torch.Genera
     assert isinstance(forward, BoundRunner) and forward.sources, "the conversion copied: its sources are watched"
     forward(dispatch)
     written.view(torch.uint8).bitwise_xor_(0x01)  # new values in place
-    with pytest.raises(RuntimeError, match=r"written in place after it was bound \(1 write\(s\)\); the backend's conversion copied"):
+    with pytest.raises(RuntimeError, match=r"written in place or given other values after it was bound \(1 write\(s\)\); the backend.s conversion copied"):
         forward(dispatch)
-    if backend == "triton-dense":
-        released = choose(DENSE, cpu, LayerSpec(config, DENSE, torch.float16), name=backend).chosen
-        source = torch.randn(4, 64, 64, generator=gen) / 8
-        bound = released.bind(config, DenseMoeWeights(w13=source, w2=w2.clone()))
-        expected = bound(dispatch)
-        source.data = torch.empty(0)  # released: no weights anyone could expect to run
-        torch.testing.assert_close(bound(dispatch), expected, rtol=0, atol=0)
+
+
+def _copying_bind(gen: torch.Generator, w13: torch.Tensor) -> tuple[MoeForward, StandardDispatchOutput]:
+    """triton-dense bound to float32 ``w13`` (and a fresh w2) for fp16 hidden states: its conversion copies both."""
+    config = MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=32, top_k=2)
+    route = choose(DENSE, DeviceSpec.parse("cpu"), LayerSpec(config, DENSE, torch.float16), name="triton-dense").chosen
+    forward = route.bind(config, DenseMoeWeights(w13=w13, w2=torch.randn(4, 64, 32, generator=gen) / 6))
+    assert isinstance(forward, BoundRunner) and forward.sources, "the conversion copied: its sources are watched"
+    dispatch = StandardDispatchOutput(
+        torch.randn(3, 64, generator=gen).half(), select_experts(torch.randn(3, 4, generator=gen), config)
+    )
+    return forward, dispatch
+
+
+@pytest.mark.parametrize("release", ["data-emptied", "storage-resized", "shared-memory", "data-cloned", "deleted"])
+def test_sources_released_or_moved_with_their_bytes_still_run(gen: torch.Generator, release: str) -> None:
+    """Correct programs refused (adversarial pass 10, c07): a copied source's memory released
+    (``untyped_storage().resize_(0)``) or moved with the same bytes (``share_memory_()``, ``.data = .data.clone()``)
+    counted as a write. Released or gone, it holds no weights anyone could expect to run; moved, its fingerprint is
+    unchanged."""
+    source = torch.randn(4, 64, 64, generator=gen) / 8
+    forward, dispatch = _copying_bind(gen, source)
+    expected = forward(dispatch)
+    if release == "data-emptied":
+        source.data = torch.empty(0)
+    elif release == "storage-resized":
+        source.untyped_storage().resize_(0)
+    elif release == "shared-memory":
+        source.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves Tensor.share_memory_ unannotated
+    elif release == "data-cloned":
+        source.data = source.data.clone()
+    else:
+        del source
+    torch.testing.assert_close(forward(dispatch), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("write", ["new-values-rebound", "view-not-kept", "transposed-view-not-kept"])
+def test_new_values_into_a_copied_source_are_refused(gen: torch.Generator, write: str) -> None:
+    """Silent (adversarial pass 10, c05): weights bound from a view the caller did not keep (``arena[0]``, a
+    checkpoint's transpose) were watched through that view, which died at once; a refit of the buffer then ran the old
+    copy, 1.94 off. The watch holds the view's buffer and region; new values rebound at the same shape (``.data =``)
+    are new values too."""
+    arena = torch.randn(2, 4, 64, 64, generator=gen) / 8
+    if write == "new-values-rebound":
+        source = arena[0].clone()
+        forward, dispatch = _copying_bind(gen, source)
+    elif write == "view-not-kept":
+        forward, dispatch = _copying_bind(gen, arena[0])
+    else:
+        forward, dispatch = _copying_bind(gen, arena[0].transpose(1, 2))
+    forward(dispatch)
+    if write == "new-values-rebound":
+        source.data = torch.randn(4, 64, 64, generator=gen)
+    else:
+        arena[0].copy_(torch.randn(4, 64, 64, generator=gen))  # the next layer's weights into the same region
+    with pytest.raises(RuntimeError, match=r"w13: written in place or given other values after it was bound"):
+        forward(dispatch)
