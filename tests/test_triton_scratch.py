@@ -82,3 +82,33 @@ def test_decode_forwards_never_read_what_they_did_not_write(gen: torch.Generator
         own = fused_moe(config, fresh, launches.w13, launches.w2, launches.inputs)  # no memo: fresh buffers
         assert not out.isnan().any()
         torch.testing.assert_close(out, own, rtol=0, atol=0)
+
+
+def test_threads_calling_one_layer_at_once_get_their_own_outputs(gen: torch.Generator) -> None:
+    """Four threads calling a layer at once (adversarial pass 10, c03: under Triton's interpreter three of them died in
+    Triton's own ``InterpreterError``, the interpreter patching ``triton.language`` per launch, process-wide): each
+    output equals the same forward run alone, bit for bit."""
+    config, weights, dispatch = make_layer(gen, BLOCK_SHAPES[-1], torch.float16)
+    forward = bound_forward("dense", config, weights, dispatch)
+    batches = [make_layer(gen, BLOCK_SHAPES[-1], torch.float16)[2] for _ in range(4)]
+    barrier = threading.Barrier(4)
+    outputs: dict[int, list[torch.Tensor]] = {}
+    errors: list[str] = []
+
+    def work(index: int) -> None:
+        barrier.wait()
+        try:
+            outputs[index] = [forward(batches[index]) for _ in range(2)]
+        except Exception as error:  # every failure is reported below, with its thread
+            errors.append(f"thread {index}: {type(error).__name__}: {error}")
+
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    for index, batch in enumerate(batches):
+        alone = forward(batch)
+        for out in outputs[index]:
+            torch.testing.assert_close(out, alone, rtol=0, atol=0)

@@ -60,6 +60,10 @@ dot products in float32 (Triton's CPU interpreter multiplies bf16 wrongly).
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from contextlib import AbstractContextManager
+
 import triton
 import triton.language as tl
 
@@ -68,6 +72,15 @@ from moe_core.backends.triton import interpreted
 INTERPRETED = interpreted()
 """Whether Triton's CPU interpreter runs these kernels. ``@triton.jit`` chooses when this module is imported, so the
 launches read this, not the environment, on every forward."""
+
+_INTERPRETER = threading.RLock()
+
+
+def one_at_a_time() -> AbstractContextManager[object]:
+    """Held around a forward's launches: under the interpreter, one thread's at a time (Triton's interpreter patches
+    ``triton.language`` for each launch, process-wide, so two threads' launches broke each other with Triton's own
+    ``InterpreterError``: adversarial pass 10, c03); compiled kernels launch from any thread, so nothing is held."""
+    return _INTERPRETER if INTERPRETED else contextlib.nullcontext()
 
 SILU = 0
 GELU = 1

@@ -23,7 +23,9 @@ from typing import final
 import attrs
 import torch
 
-from moe_core.backends.triton.kernels import EXP_SCORES, INTERPRETED, SIGMOID_SCORES, SOFTMAX_SCORES, routing_kernel
+from moe_core.backends.triton.kernels import (
+    EXP_SCORES, INTERPRETED, SIGMOID_SCORES, SOFTMAX_SCORES, one_at_a_time, routing_kernel,
+)
 from moe_core.backends.triton.sorting import cdiv, next_power_of_2
 from moe_core.config import GroupedTopK, GroupScore, MoeRunnerConfig, RoutingMethod, Scoring, SigmoidTopK, SparseMixer
 from moe_core.dispatch import TopKOutput
@@ -117,14 +119,15 @@ def fused_select_experts(
     groups, padded_group = next_power_of_2(plan.n_group), next_power_of_2(per_group)
     rows = max(1, ROW_SLOTS // (groups * padded_group))
     if tokens:
-        routing_kernel[(cdiv(tokens, rows),)](
-            router_logits, bias, ids, weights, tokens, router_logits.stride(0), router_logits.stride(1), stride_b,
-            plan.n_group, per_group, plan.eps, plan.floor,
-            TOP_K=top_k, SCORES=plan.scores, GROUPED=plan.grouped,
-            TOPK_GROUP=plan.topk_group, GROUP_MAX=plan.group_max, BIAS=score_correction_bias is not None,
-            RENORMALIZE=plan.renormalize, LIBDEVICE=not INTERPRETED, ROWS=rows, GROUPS=groups,
-            PER_GROUP=padded_group, K_PAD=next_power_of_2(top_k),
-        )
+        with one_at_a_time():
+            routing_kernel[(cdiv(tokens, rows),)](
+                router_logits, bias, ids, weights, tokens, router_logits.stride(0), router_logits.stride(1), stride_b,
+                plan.n_group, per_group, plan.eps, plan.floor,
+                TOP_K=top_k, SCORES=plan.scores, GROUPED=plan.grouped,
+                TOPK_GROUP=plan.topk_group, GROUP_MAX=plan.group_max, BIAS=score_correction_bias is not None,
+                RENORMALIZE=plan.renormalize, LIBDEVICE=not INTERPRETED, ROWS=rows, GROUPS=groups,
+                PER_GROUP=padded_group, K_PAD=next_power_of_2(top_k),
+            )
     return TopKOutput(
         ids, weights, router_logits, num_experts=config.num_experts, check_values=False, from_router_logits=True
     )

@@ -23,6 +23,7 @@ import torch
 
 from moe_core import DispatchFormat, DispatchOutput, MoeRunnerConfig, check_run_inputs
 from moe_core._checks import write_count
+from moe_core.backends.triton.kernels import one_at_a_time
 from moe_core.backends.triton.launch import fused_moe
 from moe_core.backends.triton.launcher import LaunchSite
 from moe_core.backends.triton.plans import Launches, TritonPlan
@@ -153,8 +154,9 @@ class TritonRunner(Generic[Q]):
     def run(self, dispatch: DispatchOutput, quant_info: Q, /) -> torch.Tensor:
         """The ``[T, H]`` MoE output in the activations' dtype."""
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
-        launches, sites = self.memo.forward(quant_info, dispatch, lambda: self._plan(dispatch, quant_info))
-        return fused_moe(self.config, dispatch, launches.w13, launches.w2, launches.inputs, sites)
+        with one_at_a_time():
+            launches, sites = self.memo.forward(quant_info, dispatch, lambda: self._plan(dispatch, quant_info))
+            return fused_moe(self.config, dispatch, launches.w13, launches.w2, launches.inputs, sites)
 
     def _plan(self, dispatch: DispatchOutput, quant_info: Q) -> Launches:
         """The plan's check and launches: once per memo key (the memo plans again wherever ``quant_info`` changed)."""
