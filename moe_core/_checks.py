@@ -361,9 +361,31 @@ def record_built(holder: object, field: str, tensor: torch.Tensor) -> None:
         _BUILT.setdefault(holder, []).append((field, WriteCount(tensor)))
 
 
+_COPIED: weakref.WeakKeyDictionary[object, list[tuple[str, SourceWatch]]] = weakref.WeakKeyDictionary()
+"""Per weight object (while it lives): each caller's tensor a constructor copied into it, by field, watched."""
+
+
+def record_copied(holder: object, field: str, original: torch.Tensor) -> None:
+    """Watch ``original``, which a constructor copied (reordered, concatenated) into ``holder``'s ``field``: the
+    weights hold the copy, so a later write into ``original`` (an in-place refit) would change nothing they compute
+    (adversarial pass 10, c06). Checked where :func:`require_unwritten_since_built` checks ``holder``, and by a bound
+    forward after binding (:func:`copied_sources`). Inference tensors count no writes and are skipped."""
+    if not original.is_inference():
+        _COPIED.setdefault(holder, []).append((field, SourceWatch(original)))
+
+
+def copied_sources(holder: object) -> list[tuple[str, SourceWatch]]:
+    """The tensors :func:`record_copied` watches for ``holder``, by field (none for an object that recorded none)."""
+    try:
+        return list(_COPIED.get(holder, []))
+    except TypeError:  # not weakly referable: no weight type
+        return []
+
+
 def require_unwritten_since_built(path: str, holder: object) -> None:
     """Raise ``RuntimeError`` naming the tensor (by ``path``, where ``holder`` sits) if one that ``holder`` was built
-    from has been written in place since (:func:`record_built`); nothing for an object that recorded none."""
+    from has been written in place since (:func:`record_built`), or one a constructor copied into it
+    (:func:`record_copied`); nothing for an object that recorded none."""
     try:
         records = _BUILT.get(holder, [])
     except TypeError:  # not weakly referable: no weight type
@@ -375,6 +397,14 @@ def require_unwritten_since_built(path: str, holder: object) -> None:
                 f"{path}.{field}: written in place after its weights were built ({writes} write(s), e.g. a staging "
                 "buffer reused for the next layer's weights): built weights are immutable; build new ones from it "
                 "(a scheme reloads through its loader)"
+            )
+    for field, watched in copied_sources(holder):
+        writes = watched.writes()
+        if writes:
+            raise RuntimeError(
+                f"{path}.{field}: the tensor it was copied from was written in place or given other values since "
+                f"({writes} write(s)); the weights hold the copy and would compute the old values: built weights are "
+                "immutable; build new ones from it"
             )
 
 

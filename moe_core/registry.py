@@ -36,7 +36,7 @@ from typing import Generic, Protocol, TypeVar, final, overload
 import attrs
 import torch
 
-from moe_core._checks import SourceWatch, WriteCount, require_unwritten_since_built, write_count
+from moe_core._checks import SourceWatch, WriteCount, copied_sources, require_unwritten_since_built, write_count
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig, config_differences
 from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
@@ -81,6 +81,8 @@ class BoundRunner(Generic[Q]):
     binding: where it copied them, a write into them would otherwise go unseen (adversarial pass 9, c13)."""
     _writes: tuple[tuple[str, WriteCount], ...] = attrs.field(init=False, repr=False)
     """Each tensor the quant info holds, by field path, with its write count at binding."""
+    _copied: tuple[tuple[str, SourceWatch], ...] = attrs.field(init=False, repr=False)
+    """The caller's tensors a constructor copied into the quant info (``record_copied``), by field path."""
 
     def __attrs_post_init__(self) -> None:
         check_quant_info_sizes(self.runner.config, self.quant_info)
@@ -88,6 +90,8 @@ class BoundRunner(Generic[Q]):
         refuse_writes_since_built(held)
         counted = [(path, WriteCount(value)) for path, value in held if isinstance(value, torch.Tensor)]
         object.__setattr__(self, "_writes", tuple(c for c in counted if c[1].count >= 0))  # inference tensors count none
+        copied = [(f"{path}.{field}", watched) for path, value in held for field, watched in copied_sources(value)]
+        object.__setattr__(self, "_copied", tuple(copied))
 
     def __call__(self, dispatch: DispatchOutput, /) -> torch.Tensor:
         """``runner.run(dispatch, quant_info)``; for standard dispatches, the output is held to the
@@ -145,13 +149,13 @@ class BoundRunner(Generic[Q]):
                     "buffer reused for the next layer's weights): bound weights are immutable; bind new ones (a scheme "
                     "reloads through its loader)"
                 )
-        for path, watched in self.sources:
+        for path, watched in (*self.sources, *self._copied):
             writes = watched.writes()
             if writes:
                 raise RuntimeError(
-                    f"{path}: written in place or given other values after it was bound ({writes} write(s)); the "
-                    "backend's conversion copied it, so the bound layer would still run the values it had: bound "
-                    "weights are immutable; bind new ones"
+                    f"{path}: written in place or given other values after it was bound ({writes} write(s)); a "
+                    "conversion copied it, so the bound layer would still run the values it had: bound weights are "
+                    "immutable; bind new ones"
                 )
 
     def _require_supported(self, judge: BackendAnswer, dtype: torch.dtype) -> None:
@@ -492,11 +496,17 @@ class Route(Generic[W, Q]):
 def _sources(held: list[tuple[str, object]], quant_info: object) -> tuple[tuple[str, SourceWatch], ...]:
     """The tensors of ``held`` (a conversion's source weights) that ``quant_info`` does not hold itself (those the
     bound runner watches anyway), each watched without being kept alive."""
-    own = {id(value) for _, value in _held(type(quant_info).__name__, quant_info)}
-    return tuple(
-        (path, SourceWatch(value))
-        for path, value in held
-        if isinstance(value, torch.Tensor) and id(value) not in own and write_count(value) >= 0
+    quant_info_held = _held(type(quant_info).__name__, quant_info)
+    own = {id(value) for _, value in quant_info_held}
+    copied = [
+        (f"{path}.{field}", watched)
+        for path, value in held if id(value) not in own  # the bound runner watches its quant info's records itself
+        for field, watched in copied_sources(value)
+    ]
+    return (
+        *((path, SourceWatch(value)) for path, value in held
+          if isinstance(value, torch.Tensor) and id(value) not in own and write_count(value) >= 0),
+        *copied,
     )
 
 

@@ -66,7 +66,7 @@ from moe_core.backends.reference import (
 from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.checkpoint import MoeCheckpoint
 from moe_core.distributed import ExpertParallelMoe, LocalDispatcher, load_expert_parallel, slot_config
-from moe_core.formats.dense import ExpertBiases
+from moe_core.formats.dense import ExpertBiases, GateUpLayout
 from moe_core.formats import FP8, NVFP4
 from moe_core.formats.fp8 import Fp8MoeWeights
 from moe_core.formats.mxfp4 import Mxfp4MoeWeights
@@ -1187,7 +1187,7 @@ def test_weights_a_conversion_copied_are_watched_after_binding(gen: torch.Genera
     assert isinstance(forward, BoundRunner) and forward.sources, "the conversion copied: its sources are watched"
     forward(dispatch)
     written.view(torch.uint8).bitwise_xor_(0x01)  # new values in place
-    with pytest.raises(RuntimeError, match=r"written in place or given other values after it was bound \(1 write\(s\)\); the backend.s conversion copied"):
+    with pytest.raises(RuntimeError, match=r"written in place or given other values after it was bound \(1 write\(s\)\); a conversion copied it"):
         forward(dispatch)
 
 
@@ -1245,4 +1245,41 @@ def test_new_values_into_a_copied_source_are_refused(gen: torch.Generator, write
     else:
         arena[0].copy_(torch.randn(4, 64, 64, generator=gen))  # the next layer's weights into the same region
     with pytest.raises(RuntimeError, match=r"w13: written in place or given other values after it was bound"):
+        forward(dispatch)
+
+
+@pytest.mark.parametrize("built", ["dense-interleaved", "mxfp4-interleaved", "shared-expert"])
+def test_tensors_a_constructor_copied_are_watched(gen: torch.Generator, built: str) -> None:
+    """Silent (adversarial pass 10, c06): ``DenseMoeWeights.from_checkpoint`` of interleaved rows,
+    ``Mxfp4MoeWeights.from_checkpoint`` (rows reordered) and ``SharedExpert.from_projections`` (gate and up
+    concatenated) copy the caller's tensors and recorded only the copies: a refit of the checkpoint tensors ran the
+    old values, 0.93-1.64 off. The originals are watched too, by the layer and, after binding, by the bound forward."""
+    config = MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=32, top_k=2)
+    dispatch = StandardDispatchOutput(torch.randn(3, 64, generator=gen), select_experts(torch.randn(3, 4, generator=gen), config))
+    if built == "shared-expert":
+        gate, up = torch.randn(32, 64, generator=gen) / 8, torch.randn(32, 64, generator=gen) / 8
+        shared = SharedExpert.from_projections(
+            gate=gate, up=up, down=torch.randn(64, 32, generator=gen) / 6, activation=Activation.SILU_GATED
+        )
+        shared(dispatch.hidden_states)
+        up.mul_(2.0)
+        with pytest.raises(RuntimeError, match=r"SharedExpert.w13 \(up rows\): the tensor it was copied from was written"):
+            shared(dispatch.hidden_states)
+        return
+    forward: MoeForward
+    if built == "dense-interleaved":
+        checkpoint = torch.randn(4, 64, 64, generator=gen) / 8
+        forward = REFERENCE_DENSE.bind(config, DenseMoeWeights.from_checkpoint(
+            w13=checkpoint, w2=torch.randn(4, 64, 32, generator=gen) / 6, layout=GateUpLayout.INTERLEAVED,
+        ))
+        written = checkpoint
+    else:
+        up4 = Mxfp4ExpertWeights.quantize(torch.randn(4, 64, 64, generator=gen) / 8)
+        down4 = Mxfp4ExpertWeights.quantize(torch.randn(4, 64, 32, generator=gen) / 6)
+        weights = Mxfp4MoeWeights.from_checkpoint(w13=up4, w2=down4, layout=GateUpLayout.INTERLEAVED)
+        forward = REFERENCE_MXFP4.bind(config, weights)
+        written = up4.packed
+    forward(dispatch)
+    written.view(torch.uint8).bitwise_xor_(0x11)  # the next layer's bytes, into the checkpoint's tensor
+    with pytest.raises(RuntimeError, match=r"w13(\.packed)?: (the tensor it was copied from was written|written in place or given other values after it was bound)"):
         forward(dispatch)
