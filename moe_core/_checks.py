@@ -293,51 +293,63 @@ is moved to with the same bytes (``share_memory_()``) is told from new values; C
 
 
 class SourceWatch:
-    """A tensor a backend's conversion copied, watched after binding without keeping it alive: the bound layer runs the
-    copy, so a write into the tensor (an in-place refit) would otherwise change nothing the caller can see.
+    """A tensor a backend's conversion or a constructor copied, watched without keeping it alive: the weights hold
+    the copy, so a write into the tensor (an in-place refit) would otherwise change nothing the caller can see.
 
-    It holds the tensor's root buffer weakly (a view the caller never kept,
-    ``arena[0]``, dies at once; the buffer it viewed does not) and the
-    region the tensor spans. The buffer freed, or its memory released
-    (``untyped_storage().resize_(0)``, ``.data = torch.empty(0)``: too small
-    for the region), holds no weights anyone could expect to run and counts
-    no writes; moved to other memory with the same bytes, where fingerprinted
-    (:data:`SOURCE_FINGERPRINT_BYTES`), neither.
+    It holds the tensor's base weakly (a view the caller never kept,
+    ``arena[0]``, dies at once; the buffer it viewed does not) and the bytes
+    the tensor spans in it; a dtype view (``buffer.view(torch.float32)``) is
+    its own base, so one passed inline leaves nothing to watch. The buffer
+    freed, or its memory released (``untyped_storage().resize_(0)``,
+    ``.data = torch.empty(0)``: too small for the region), holds no weights
+    anyone could expect to run and counts no writes. Where the buffer's
+    counter moved or it was given other memory, the region's fingerprint
+    decides: taken for CUDA tensors, parts of larger buffers (a whole-file
+    buffer whose other regions the next layers are loaded into) and CPU
+    tensors up to :data:`SOURCE_FINGERPRINT_BYTES`; without one, any move
+    counts as a write.
     """
 
-    __slots__ = ("_base", "_region", "count", "fingerprint", "pointer")
+    __slots__ = ("_region", "_root", "count", "fingerprint", "pointer")
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        root = tensor._base
-        base = tensor if root is None or root.dtype != tensor.dtype else root  # a dtype view: its own element units
-        self._base = weakref.ref(base)
-        self._region = (tuple(tensor.shape), tensor.stride(), tensor.storage_offset())
-        self.pointer = tensor.data_ptr()
-        self.count = write_count(tensor)
-        small = tensor.numel() * tensor.element_size() <= SOURCE_FINGERPRINT_BYTES
-        self.fingerprint = _fingerprint(tensor) if tensor.is_cuda or small else None
+        root = tensor if tensor._base is None else tensor._base  # a dtype view has none: torch tracks no base for it
+        self._root = weakref.ref(root)
+        size = tensor.element_size()
+        offset = tensor.data_ptr() - root.untyped_storage().data_ptr()
+        self._region = (tuple(tensor.shape), tuple(step * size for step in tensor.stride()), offset, tensor.dtype)
+        self.pointer = root.untyped_storage().data_ptr()
+        self.count = write_count(root)
+        small = tensor.numel() * size <= SOURCE_FINGERPRINT_BYTES
+        keep = tensor.is_cuda or small or _in_larger_buffer(tensor)
+        self.fingerprint = _fingerprint(tensor) if keep else None
 
-    def _region_now(self) -> torch.Tensor | None:
-        """The watched region of the buffer as it is now; None where the buffer is gone or no longer holds it."""
-        base = self._base()
-        if base is None:
+    def _region_now(self, root: torch.Tensor) -> torch.Tensor | None:
+        """The watched bytes of ``root``'s storage as the tensor they were (a view sharing ``root``'s write counter);
+        None where the storage no longer holds them."""
+        shape, byte_strides, offset, dtype = self._region
+        size = torch.empty((), dtype=dtype).element_size()
+        end = offset + sum((count - 1) * step for count, step in zip(shape, byte_strides)) + size if all(shape) else offset
+        storage = root.untyped_storage().nbytes()
+        if end > storage or offset < 0:
             return None
-        shape, stride, offset = self._region
-        last = offset + sum((size - 1) * step for size, step in zip(shape, stride)) if all(shape) else offset
-        if (last + 1) * base.element_size() > base.untyped_storage().nbytes():
-            return None
-        return base.as_strided(shape, stride, offset)
+        flat = root.as_strided((storage // root.element_size(),), (1,), 0).view(torch.uint8)
+        return flat.as_strided((*shape, size), (*byte_strides, 1), offset).view(dtype)[..., 0]
 
     def writes(self) -> int:
-        """Writes into the region since binding (as :meth:`WriteCount.writes`), 0 where it is released or gone."""
-        region = self._region_now()
+        """Writes into the region since it was watched (as :meth:`WriteCount.writes`); 0 where it is released or gone,
+        or where its bytes are unchanged (fingerprinted: writes into the buffer's other regions, moved memory)."""
+        root = self._root()
+        if root is None:
+            return 0
+        now, pointer = write_count(root), root.untyped_storage().data_ptr()
+        if now == self.count and pointer == self.pointer:
+            return 0
+        region = self._region_now(root)
         if region is None:
             return 0
-        now = write_count(region)
-        if now == self.count and region.data_ptr() == self.pointer:
-            return 0
         if self.fingerprint is not None and _fingerprint(region) == self.fingerprint:
-            self.count, self.pointer = now, region.data_ptr()
+            self.count, self.pointer = now, pointer
             return 0
         return max(now - self.count, 1)
 

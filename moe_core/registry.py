@@ -154,8 +154,8 @@ class BoundRunner(Generic[Q]):
             if writes:
                 raise RuntimeError(
                     f"{path}: written in place or given other values after it was bound ({writes} write(s)); a "
-                    "conversion copied it, so the bound layer would still run the values it had: bound weights are "
-                    "immutable; bind new ones"
+                    "conversion or constructor copied it, so the bound layer would still run the values it had: bound "
+                    "weights are immutable; bind new ones"
                 )
 
     def _require_supported(self, judge: BackendAnswer, dtype: torch.dtype) -> None:

@@ -1187,7 +1187,7 @@ def test_weights_a_conversion_copied_are_watched_after_binding(gen: torch.Genera
     assert isinstance(forward, BoundRunner) and forward.sources, "the conversion copied: its sources are watched"
     forward(dispatch)
     written.view(torch.uint8).bitwise_xor_(0x01)  # new values in place
-    with pytest.raises(RuntimeError, match=r"written in place or given other values after it was bound \(1 write\(s\)\); a conversion copied it"):
+    with pytest.raises(RuntimeError, match=r"written in place or given other values after it was bound \(1 write\(s\)\); a conversion or constructor copied"):
         forward(dispatch)
 
 
@@ -1282,4 +1282,28 @@ def test_tensors_a_constructor_copied_are_watched(gen: torch.Generator, built: s
     forward(dispatch)
     written.view(torch.uint8).bitwise_xor_(0x11)  # the next layer's bytes, into the checkpoint's tensor
     with pytest.raises(RuntimeError, match=r"w13(\.packed)?: (the tensor it was copied from was written|written in place or given other values after it was bound)"):
+        forward(dispatch)
+
+
+def test_a_copied_part_of_a_file_buffer_is_told_from_the_next_layers_loaded_beside_it(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A correct program refused (adversarial pass 11, c07): weights copied by ``from_checkpoint`` from a region of
+    one whole-file buffer, the next layer then loaded into another region. The buffer's write counter is shared, and
+    copied sources over 16 MB on a CPU had no fingerprint, so the load was taken for a refit. Parts of larger
+    buffers are fingerprinted at any size (here: with the size bound at 0)."""
+    monkeypatch.setattr(moe_core._checks, "SOURCE_FINGERPRINT_BYTES", 0)
+    config = MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=32, top_k=2)
+    dispatch = StandardDispatchOutput(torch.randn(3, 64, generator=gen), select_experts(torch.randn(3, 4, generator=gen), config))
+    file_buffer = torch.empty(2 * 4 * 64 * 64 * 4, dtype=torch.uint8)
+    layers = file_buffer.view(torch.float32).view(2, 4, 64, 64)
+    layers[0].copy_(torch.randn(4, 64, 64, generator=gen) / 8)
+    forward = REFERENCE_DENSE.bind(config, DenseMoeWeights.from_checkpoint(
+        w13=layers[0], w2=torch.randn(4, 64, 32, generator=gen) / 6, layout=GateUpLayout.INTERLEAVED,
+    ))
+    expected = forward(dispatch)
+    layers[1].copy_(torch.randn(4, 64, 64, generator=gen) / 8)  # the next layer, beside it
+    torch.testing.assert_close(forward(dispatch), expected, rtol=0, atol=0)
+    layers[0].mul_(2.0)  # a refit of this layer's region
+    with pytest.raises(RuntimeError, match=r"w13: written in place or given other values after it was bound"):
         forward(dispatch)
