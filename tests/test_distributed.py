@@ -877,7 +877,7 @@ def test_a_rank_that_skips_the_layer_is_named_where_the_first_collective_fails(
         raise RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 3000ms for recv operation to complete")
 
     monkeypatch.setattr(dist, collective, timed_out)
-    group, SHAPE = dist.group.WORLD, collectives.RowShape(16, torch.float32, 4, 2)
+    group, SHAPE = dist.group.WORLD, collectives.RowShape(16, torch.float32, 4, 2, 8, "all-to-all of a test payload")
     match = r"dispatch: the first collective of this layer's dispatch failed \(\[gloo.*Timed out.*\); most often a rank"
     with pytest.raises(RuntimeError, match=match):
         if collective == "all_to_all_single":

@@ -224,28 +224,36 @@ def run_case(
     return Verdict(f"rank {rank}: {tuple(out.shape)} {out.dtype}, max |difference| {differ}", rows)
 
 
-MIXED_DTYPE_DISPATCHERS = ("all-to-all", "all-gather", "all-gather-top-k", "replicated")
+MIXED_DTYPE_DISPATCHERS = (
+    "all-to-all", "all-gather", "all-gather-top-k", "replicated", "all-to-all-experts", "all-gather-experts",
+    "per-rank-vs-replicated",
+)
 
 
 def mixed_dtype(group: dist.ProcessGroup, dispatcher: str, rank: int, device: torch.device) -> Verdict:
     """A dispatch where the odd ranks hold bf16 hidden states and the even ones float32 (adversarial pass 6, c14:
     gloo aborted the bf16 rank, the other decoded its bytes into garbage ids; pass 7, c28: the same under replicated
-    tokens), or (``-top-k``) route top-1 where the even ones route top-2 (pass 7, c12: the same abort); the error each
+    tokens), or (``-top-k``) route top-1 where the even ones route top-2 (pass 7, c12: the same abort), or
+    (``-experts``) run a layer of twice the experts (pass 11, c03: 0.55-1.35 off, silently), or (the last) dispatch
+    replicated tokens where the even ones dispatch per-rank ones (pass 11, c05: gloo's own error); the error each
     rank raises, if any."""
-    placement = ExpertPlacement(NUM_EXPERTS, group.size())
-    other_top_k = dispatcher.endswith("-top-k") and rank % 2 == 1
+    odd = rank % 2 == 1
+    other_top_k = dispatcher.endswith("-top-k") and odd
+    experts = NUM_EXPERTS * (2 if dispatcher.endswith("-experts") and odd else 1)
+    placement = ExpertPlacement(experts, group.size())
     config = MoeRunnerConfig(
-        num_experts=NUM_EXPERTS, hidden_size=HIDDEN, intermediate_size_per_partition=INTER, top_k=1 if other_top_k else 2
+        num_experts=experts, hidden_size=HIDDEN, intermediate_size_per_partition=INTER, top_k=1 if other_top_k else 2
     )
     gen = torch.Generator().manual_seed(rank)
-    other_dtype = rank % 2 == 1 and not dispatcher.endswith("-top-k")
+    other_dtype = odd and dispatcher in ("all-to-all", "all-gather", "replicated")
     x = torch.randn(3, HIDDEN, generator=gen).to(torch.bfloat16 if other_dtype else torch.float32).to(device)
-    topk = select_experts(torch.randn(3, NUM_EXPERTS, generator=gen).to(device), config)
+    topk = select_experts(torch.randn(3, experts, generator=gen).to(device), config)
     try:
-        if dispatcher == "all-to-all":
+        if dispatcher.startswith("all-to-all"):
             AllToAllDispatcher(group, placement).dispatch(x, topk)
         else:  # replicated: the one collective before the combine's sum carries the row shape too (pass 7, c28)
-            sharding = TokenSharding.REPLICATED if dispatcher == "replicated" else TokenSharding.PER_RANK
+            replicated = dispatcher == "replicated" or (dispatcher == "per-rank-vs-replicated" and odd)
+            sharding = TokenSharding.REPLICATED if replicated else TokenSharding.PER_RANK
             AllGatherDispatcher(group, placement, sharding).dispatch(x, topk)
     except ValueError as error:
         return Verdict(str(error), 0)
@@ -358,9 +366,13 @@ def test_ranks_of_another_dtype_are_refused_by_name_on_every_rank(world: list[di
         assert errors == [None]
         return
     for error in errors:
-        assert error is not None and "every rank runs the layer in one dtype, hidden size and top-k" in error, error
+        assert error is not None and "every rank runs the layer in one dtype, hidden size, top-k, expert count" in error, error
     if dispatcher.endswith("-top-k"):
-        assert "at top-1, this rank" in str(errors[0]) and "at top-2, this rank" in str(errors[1])
+        assert "at top-1 of" in str(errors[0]) and "at top-2 of" in str(errors[1])
+    elif dispatcher.endswith("-experts"):
+        assert f"of {2 * NUM_EXPERTS} experts" in str(errors[0]) and f"of {NUM_EXPERTS} experts" in str(errors[1])
+    elif dispatcher == "per-rank-vs-replicated":
+        assert "through another dispatch or payload" in str(errors[0])
     else:
         assert "torch.bfloat16" in str(errors[0]) and "torch.float32" in str(errors[1])
 

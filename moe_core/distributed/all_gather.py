@@ -153,7 +153,10 @@ def gather_slots(
     rows, ids, weights = payload.encode(hidden_states), topk.topk_ids, topk.topk_weights
     token_counts: tuple[int, ...] = (topk.num_tokens,)
     world_size = group.size()
-    shape = RowShape(payload.row_bytes, hidden_states.dtype, int(hidden_states.shape[1]), topk.top_k)
+    shape = RowShape(
+        payload.row_bytes, hidden_states.dtype, int(hidden_states.shape[1]), topk.top_k, topk.num_experts,
+        f"all-gather {tokens.name.lower()} of {type(payload).__name__}",
+    )
     every_count = gather_counts(topk.num_tokens, hidden_states.device, group, world_size, shape)
     if tokens is TokenSharding.REPLICATED and len(set(every_count)) > 1:
         raise ValueError(

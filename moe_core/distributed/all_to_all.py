@@ -109,7 +109,10 @@ def exchange_slots(
     placement.check_routing(hidden_states, topk)
     payload = payload_of(hidden_states)
     outbox = Outbox.pack(payload.encode(hidden_states), topk, placement)
-    shape = RowShape(payload.row_bytes, hidden_states.dtype, int(hidden_states.shape[1]), topk.top_k)
+    shape = RowShape(
+        payload.row_bytes, hidden_states.dtype, int(hidden_states.shape[1]), topk.top_k, topk.num_experts,
+        f"all-to-all of {type(payload).__name__}",
+    )
     send_splits, recv_splits = exchange_counts(outbox.counts, group, shape)
     received = all_to_all_rows(outbox.rows, send_splits, recv_splits, group)
     dispatch = received_slots(received, payload, topk.num_experts)

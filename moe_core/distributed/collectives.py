@@ -7,6 +7,7 @@ the group's backend name.
 
 from __future__ import annotations
 
+import zlib
 from typing import final
 
 import attrs
@@ -50,7 +51,8 @@ WIRE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 @final
 @attrs.frozen
 class RowShape:
-    """What every rank's rows must agree on before they travel: their bytes, the hidden states' dtype and width.
+    """What every rank's rows must agree on before they travel: their bytes, the hidden states' dtype and width, the
+    top-k, the layer's expert count and the dispatch they travel through.
 
     A rank whose rows differ (another dtype: the collectives move bytes)
     made gloo abort the receiving process, or its bytes were decoded as the
@@ -64,11 +66,17 @@ class RowShape:
     top_k: int
     """The layer's experts per token (an all-gather's token rows carry the top-k: a rank of another top-k made gloo
     abort its peer, adversarial pass 7, c12)."""
+    num_experts: int
+    """The layer's experts (a rank of a layer of another expert count placed the experts elsewhere: outputs 0.55-1.35
+    off, or two owners' bytes summed into garbage, adversarial pass 11, c03)."""
+    exchange: str
+    """The dispatch and payload the rows travel through, by name (a rank of another met other collectives: gloo's
+    own error or a timeout, pass 11, c05)."""
 
-    def encoded(self) -> tuple[int, int, int, int]:
-        """The four integers sent beside each count."""
+    def encoded(self) -> tuple[int, int, int, int, int, int]:
+        """The six integers sent beside each count (the exchange as a CRC-32 of its name)."""
         code = WIRE_DTYPES.index(self.dtype) if self.dtype in WIRE_DTYPES else -1
-        return self.row_bytes, code, self.hidden_size, self.top_k
+        return self.row_bytes, code, self.hidden_size, self.top_k, self.num_experts, zlib.crc32(self.exchange.encode())
 
     def require_same(self, received: list[list[int]], where: str) -> None:
         """Raise ``ValueError`` naming the first rank whose encoded shape differs from this one's."""
@@ -76,11 +84,13 @@ class RowShape:
         for rank, theirs in enumerate(received):
             if theirs != mine:
                 dtype = WIRE_DTYPES[theirs[1]] if 0 <= theirs[1] < len(WIRE_DTYPES) else "another dtype"
+                exchange = self.exchange if theirs[5] == mine[5] else "another dispatch or payload"
                 raise ValueError(
                     f"{where}: rank {rank} sends rows of {theirs[0]} bytes from {dtype} hidden states of width "
-                    f"{theirs[2]} at top-{theirs[3]}, this rank {self.row_bytes} bytes from {self.dtype} of width "
-                    f"{self.hidden_size} at top-{self.top_k}: every rank runs the layer in one dtype, hidden size "
-                    "and top-k"
+                    f"{theirs[2]} at top-{theirs[3]} of {theirs[4]} experts through {exchange}, this rank "
+                    f"{self.row_bytes} bytes from {self.dtype} of width {self.hidden_size} at top-{self.top_k} of "
+                    f"{self.num_experts} experts through {self.exchange}: every rank runs the layer in one dtype, "
+                    "hidden size, top-k, expert count and dispatch"
                 )
 
 
