@@ -2,9 +2,10 @@
 
 ``TritonRunner(config, plan)`` is a ``Runner[Q]`` for the plan's quant info
 type ``Q`` (:mod:`.plans`: one plan per weight format). ``run`` checks the
-dispatch and quant info from metadata only, allocates its buffers from the
-caching allocator and reads nothing back to the host, so a forward can be
-captured in a CUDA graph and replayed.
+dispatch and quant info from metadata only, allocates its output from the
+caching allocator (its own buffers too, but at decode, where :mod:`.scratch`
+keeps them) and reads nothing back to the host, so a forward can be captured
+in a CUDA graph and replayed.
 
 What a forward launches depends only on the weights, the token count, the
 dtypes and the device: the runner keeps it per quant info (while that
