@@ -287,73 +287,6 @@ class WriteCount:
         return now - self.count
 
 
-SOURCE_FINGERPRINT_BYTES = 16 << 20
-"""A conversion's CPU source up to this size is fingerprinted at binding (about 35 ms a MB on a CPU core), so memory it
-is moved to with the same bytes (``share_memory_()``) is told from new values; CUDA sources are, whatever their size."""
-
-
-class SourceWatch:
-    """A tensor a backend's conversion or a constructor copied, watched without keeping it alive: the weights hold
-    the copy, so a write into the tensor (an in-place refit) would otherwise change nothing the caller can see.
-
-    It holds the tensor's base weakly (a view the caller never kept,
-    ``arena[0]``, dies at once; the buffer it viewed does not) and the bytes
-    the tensor spans in it; a dtype view (``buffer.view(torch.float32)``) is
-    its own base, so one passed inline leaves nothing to watch. The buffer
-    freed, or its memory released (``untyped_storage().resize_(0)``,
-    ``.data = torch.empty(0)``: too small for the region), holds no weights
-    anyone could expect to run and counts no writes. Where the buffer's
-    counter moved or it was given other memory, the region's fingerprint
-    decides: taken for CUDA tensors, parts of larger buffers (a whole-file
-    buffer whose other regions the next layers are loaded into) and CPU
-    tensors up to :data:`SOURCE_FINGERPRINT_BYTES`; without one, any move
-    counts as a write.
-    """
-
-    __slots__ = ("_region", "_root", "count", "fingerprint", "pointer")
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        root = tensor if tensor._base is None else tensor._base  # a dtype view has none: torch tracks no base for it
-        self._root = weakref.ref(root)
-        size = tensor.element_size()
-        offset = tensor.data_ptr() - root.untyped_storage().data_ptr()
-        self._region = (tuple(tensor.shape), tuple(step * size for step in tensor.stride()), offset, tensor.dtype)
-        self.pointer = root.untyped_storage().data_ptr()
-        self.count = write_count(root)
-        small = tensor.numel() * size <= SOURCE_FINGERPRINT_BYTES
-        keep = tensor.is_cuda or small or _in_larger_buffer(tensor)
-        self.fingerprint = _fingerprint(tensor) if keep else None
-
-    def _region_now(self, root: torch.Tensor) -> torch.Tensor | None:
-        """The watched bytes of ``root``'s storage as the tensor they were (a view sharing ``root``'s write counter);
-        None where the storage no longer holds them."""
-        shape, byte_strides, offset, dtype = self._region
-        size = torch.empty((), dtype=dtype).element_size()
-        end = offset + sum((count - 1) * step for count, step in zip(shape, byte_strides)) + size if all(shape) else offset
-        storage = root.untyped_storage().nbytes()
-        if end > storage or offset < 0:
-            return None
-        flat = root.as_strided((storage // root.element_size(),), (1,), 0).view(torch.uint8)
-        return flat.as_strided((*shape, size), (*byte_strides, 1), offset).view(dtype)[..., 0]
-
-    def writes(self) -> int:
-        """Writes into the region since it was watched (as :meth:`WriteCount.writes`); 0 where it is released or gone,
-        or where its bytes are unchanged (fingerprinted: writes into the buffer's other regions, moved memory)."""
-        root = self._root()
-        if root is None:
-            return 0
-        now, pointer = write_count(root), root.untyped_storage().data_ptr()
-        if now == self.count and pointer == self.pointer:
-            return 0
-        region = self._region_now(root)
-        if region is None:
-            return 0
-        if self.fingerprint is not None and _fingerprint(region) == self.fingerprint:
-            self.count, self.pointer = now, pointer
-            return 0
-        return max(now - self.count, 1)
-
-
 _BUILT: weakref.WeakKeyDictionary[object, list[tuple[str, WriteCount]]] = weakref.WeakKeyDictionary()
 """Per weight object (while it lives): each tensor it was built from, by field, with its write count at the build."""
 
@@ -373,31 +306,9 @@ def record_built(holder: object, field: str, tensor: torch.Tensor) -> None:
         _BUILT.setdefault(holder, []).append((field, WriteCount(tensor)))
 
 
-_COPIED: weakref.WeakKeyDictionary[object, list[tuple[str, SourceWatch]]] = weakref.WeakKeyDictionary()
-"""Per weight object (while it lives): each caller's tensor a constructor copied into it, by field, watched."""
-
-
-def record_copied(holder: object, field: str, original: torch.Tensor) -> None:
-    """Watch ``original``, which a constructor copied (reordered, concatenated) into ``holder``'s ``field``: the
-    weights hold the copy, so a later write into ``original`` (an in-place refit) would change nothing they compute
-    (adversarial pass 10, c06). Checked where :func:`require_unwritten_since_built` checks ``holder``, and by a bound
-    forward after binding (:func:`copied_sources`). Inference tensors count no writes and are skipped."""
-    if not original.is_inference():
-        _COPIED.setdefault(holder, []).append((field, SourceWatch(original)))
-
-
-def copied_sources(holder: object) -> list[tuple[str, SourceWatch]]:
-    """The tensors :func:`record_copied` watches for ``holder``, by field (none for an object that recorded none)."""
-    try:
-        return list(_COPIED.get(holder, []))
-    except TypeError:  # not weakly referable: no weight type
-        return []
-
-
 def require_unwritten_since_built(path: str, holder: object) -> None:
     """Raise ``RuntimeError`` naming the tensor (by ``path``, where ``holder`` sits) if one that ``holder`` was built
-    from has been written in place since (:func:`record_built`), or one a constructor copied into it
-    (:func:`record_copied`); nothing for an object that recorded none."""
+    from has been written in place since (:func:`record_built`); nothing for an object that recorded none."""
     try:
         records = _BUILT.get(holder, [])
     except TypeError:  # not weakly referable: no weight type
@@ -409,14 +320,6 @@ def require_unwritten_since_built(path: str, holder: object) -> None:
                 f"{path}.{field}: written in place after its weights were built ({writes} write(s), e.g. a staging "
                 "buffer reused for the next layer's weights): built weights are immutable; build new ones from it "
                 "(a scheme reloads through its loader)"
-            )
-    for field, watched in copied_sources(holder):
-        writes = watched.writes()
-        if writes:
-            raise RuntimeError(
-                f"{path}.{field}: the tensor it was copied from was written in place or given other values since "
-                f"({writes} write(s)); the weights hold the copy and would compute the old values: built weights are "
-                "immutable; build new ones from it"
             )
 
 

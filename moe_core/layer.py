@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from moe_core._checks import (
     FLOAT_DTYPES,
     record_built,
-    record_copied,
     reduce_rebuilt,
     require_dtype,
     require_finite,
@@ -111,10 +110,7 @@ class SharedExpert:
             raise ValueError(
                 f"SharedExpert.from_projections: up: expected shape {tuple(gate.shape)} like gate, got {tuple(up.shape)}"
             )
-        shared = cls(w13=torch.cat((gate, up)), w2=down, activation=activation, gate=output_gate)
-        record_copied(shared, "w13 (gate rows)", gate)
-        record_copied(shared, "w13 (up rows)", up)
-        return shared
+        return cls(w13=torch.cat((gate, up)), w2=down, activation=activation, gate=output_gate)
 
     def __reduce__(self) -> tuple[Callable[..., object], tuple[object, ...]]:
         """Copies and pickles are built through the constructor (checked, their tensors recorded); one written in place

@@ -36,7 +36,7 @@ from typing import Generic, Protocol, TypeVar, final, overload
 import attrs
 import torch
 
-from moe_core._checks import SourceWatch, WriteCount, copied_sources, require_unwritten_since_built, write_count
+from moe_core._checks import WriteCount, require_unwritten_since_built, write_count
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig, config_differences
 from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
@@ -76,13 +76,8 @@ class BoundRunner(Generic[Q]):
     judge: BackendAnswer | None = attrs.field(default=None, kw_only=True)
     """The backend's answer for this layer per hidden-states dtype (a route's or key's bind passes it); None where
     nothing was asked of the backend."""
-    sources: tuple[tuple[str, SourceWatch], ...] = attrs.field(default=(), kw_only=True, repr=False)
-    """The tensors a conversion built the quant info from (weakly held), by field path, with their write counts at
-    binding: where it copied them, a write into them would otherwise go unseen (adversarial pass 9, c13)."""
     _writes: tuple[tuple[str, WriteCount], ...] = attrs.field(init=False, repr=False)
     """Each tensor the quant info holds, by field path, with its write count at binding."""
-    _copied: tuple[tuple[str, SourceWatch], ...] = attrs.field(init=False, repr=False)
-    """The caller's tensors a constructor copied into the quant info (``record_copied``), by field path."""
 
     def __attrs_post_init__(self) -> None:
         check_quant_info_sizes(self.runner.config, self.quant_info)
@@ -90,8 +85,6 @@ class BoundRunner(Generic[Q]):
         refuse_writes_since_built(held)
         counted = [(path, WriteCount(value)) for path, value in held if isinstance(value, torch.Tensor)]
         object.__setattr__(self, "_writes", tuple(c for c in counted if c[1].count >= 0))  # inference tensors count none
-        copied = [(f"{path}.{field}", watched) for path, value in held for field, watched in copied_sources(value)]
-        object.__setattr__(self, "_copied", tuple(copied))
 
     def __call__(self, dispatch: DispatchOutput, /) -> torch.Tensor:
         """``runner.run(dispatch, quant_info)``; for standard dispatches, the output is held to the
@@ -140,7 +133,7 @@ class BoundRunner(Generic[Q]):
         return _bind_again, (self.runner, self.quant_info, self.judge)
 
     def _require_unwritten(self) -> None:
-        """Refuse weights written in place since binding, the quant info's or those its conversion read."""
+        """Refuse weights written in place since binding."""
         for path, counted in self._writes:
             writes = counted.writes()
             if writes:
@@ -148,14 +141,6 @@ class BoundRunner(Generic[Q]):
                     f"{path}: written in place after its weights were built ({writes} write(s), e.g. a staging "
                     "buffer reused for the next layer's weights): bound weights are immutable; bind new ones (a scheme "
                     "reloads through its loader)"
-                )
-        for path, watched in (*self.sources, *self._copied):
-            writes = watched.writes()
-            if writes:
-                raise RuntimeError(
-                    f"{path}: written in place or given other values after it was bound ({writes} write(s)); a "
-                    "conversion or constructor copied it, so the bound layer would still run the values it had: bound "
-                    "weights are immutable; bind new ones"
                 )
 
     def _require_supported(self, judge: BackendAnswer, dtype: torch.dtype) -> None:
@@ -490,24 +475,7 @@ class Route(Generic[W, Q]):
                 f"backend {self.name!r}: its conversion wrote the {self.source.name} weights' {path} in place "
                 "(the caller's weights, which other backends and layers may hold); a conversion builds new tensors"
             )
-        return BoundRunner(create_runner(self._key, config), quant_info, judge=judge, sources=_sources(held, quant_info))
-
-
-def _sources(held: list[tuple[str, object]], quant_info: object) -> tuple[tuple[str, SourceWatch], ...]:
-    """The tensors of ``held`` (a conversion's source weights) that ``quant_info`` does not hold itself (those the
-    bound runner watches anyway), each watched without being kept alive."""
-    quant_info_held = _held(type(quant_info).__name__, quant_info)
-    own = {id(value) for _, value in quant_info_held}
-    copied = [
-        (f"{path}.{field}", watched)
-        for path, value in held if id(value) not in own  # the bound runner watches its quant info's records itself
-        for field, watched in copied_sources(value)
-    ]
-    return (
-        *((path, SourceWatch(value)) for path, value in held
-          if isinstance(value, torch.Tensor) and id(value) not in own and write_count(value) >= 0),
-        *copied,
-    )
+        return BoundRunner(create_runner(self._key, config), quant_info, judge=judge)
 
 
 @final
@@ -549,14 +517,9 @@ class DegradedRoute(Generic[W, V]):
         return self.route.supports(device, layer)
 
     def bind(self, config: MoeRunnerConfig, weights: W) -> MoeForward:
-        """Degrade ``weights``, then convert them once into the backend's quant info; ``weights``' tensors are watched
-        as a conversion's sources (the degradation copied them)."""
-        held = _held(type(weights).__name__, weights)
-        refuse_writes_since_built(held)  # before the degradation copies them
-        forward = self.route.bind(config, self.step.convert(weights))
-        if isinstance(forward, BoundRunner):
-            return attrs.evolve(forward, sources=(*forward.sources, *_sources(held, forward.quant_info)))
-        return forward
+        """Degrade ``weights``, then convert them once into the backend's quant info."""
+        refuse_writes_since_built(_held(type(weights).__name__, weights))  # before the degradation copies them
+        return self.route.bind(config, self.step.convert(weights))
 
 
 class BackendEntry(Protocol):

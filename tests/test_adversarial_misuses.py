@@ -1160,150 +1160,40 @@ def test_layers_built_from_slices_of_one_buffer_survive_writes_into_the_other_sl
 
 
 @pytest.mark.parametrize("backend", ["triton-dense", "triton-fp8"])
-def test_weights_a_conversion_copied_are_watched_after_binding(gen: torch.Generator, backend: str) -> None:
-    """Silent (adversarial pass 9, c13, c14): triton-dense copies float32 weights into 16-bit ones, triton-fp8 copies
-    the gate and up codes into one tensor, so an in-place write into the weights bound (an RL refit's ``copy_``) ran
-    the old values, 1.5 off the new ones, where the reference backends refuse it by name. The bound forward watches
-    the conversion's sources too (weakly: freed or released ones, ``.data = torch.empty(0)``, count no writes)."""
+def test_a_staging_buffer_refilled_after_a_copying_conversion_runs_each_layer(gen: torch.Generator, backend: str) -> None:
+    """A correct engine loader: one staging buffer refilled with each layer's weights after the layer was bound,
+    where the backend's conversion copies them (triton-dense from float32, triton-fp8's gate and up). Each bound layer
+    runs its own weights. (Adversarial pass 12, c01/c09: watching the copied tensors refused this; the watch, and with
+    it the refusal of in-place refits of copied weights, was dropped: see the README.)"""
     config = MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=32, top_k=2)
-    w13, w2 = torch.randn(4, 64, 64, generator=gen) / 8, torch.randn(4, 64, 32, generator=gen) / 6
-    dispatch = StandardDispatchOutput(
-        torch.randn(3, 64, generator=gen).half(), select_experts(torch.randn(3, 4, generator=gen), config)
-    )
     cpu = DeviceSpec.parse("cpu")
-    if backend == "triton-dense":
-        written = w13
-        forward = choose(DENSE, cpu, LayerSpec(config, DENSE, torch.float16), name=backend).chosen.bind(
-            config, DenseMoeWeights(w13=w13, w2=w2)
-        )
-    else:
-        gate_up = Fp8GateUpWeights.quantize(w13)
-        weights = Fp8MoeWeights(
-            w13=gate_up, w2=Fp8ExpertWeights.quantize(w2),
-            w13_input_scale=Fp8TensorScale.from_amax(4.0), w2_input_scale=Fp8TensorScale.from_amax(4.0),
-        )
-        written = gate_up.gate.codes
-        forward = choose(FP8, cpu, LayerSpec(config, FP8, torch.float16), name=backend).chosen.bind(config, weights)
-    assert isinstance(forward, BoundRunner) and forward.sources, "the conversion copied: its sources are watched"
-    forward(dispatch)
-    written.view(torch.uint8).bitwise_xor_(0x01)  # new values in place
-    with pytest.raises(RuntimeError, match=r"written in place or given other values after it was bound \(1 write\(s\)\); a conversion or constructor copied"):
-        forward(dispatch)
-
-
-def _copying_bind(gen: torch.Generator, w13: torch.Tensor) -> tuple[MoeForward, StandardDispatchOutput]:
-    """triton-dense bound to float32 ``w13`` (and a fresh w2) for fp16 hidden states: its conversion copies both."""
-    config = MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=32, top_k=2)
-    route = choose(DENSE, DeviceSpec.parse("cpu"), LayerSpec(config, DENSE, torch.float16), name="triton-dense").chosen
-    forward = route.bind(config, DenseMoeWeights(w13=w13, w2=torch.randn(4, 64, 32, generator=gen) / 6))
-    assert isinstance(forward, BoundRunner) and forward.sources, "the conversion copied: its sources are watched"
+    staging13, staging2 = torch.empty(4, 64, 64), torch.empty(4, 64, 32)
+    gate_codes, up_codes = torch.empty(4, 32, 64, dtype=torch.float8_e4m3fn), torch.empty(4, 32, 64, dtype=torch.float8_e4m3fn)
     dispatch = StandardDispatchOutput(
         torch.randn(3, 64, generator=gen).half(), select_experts(torch.randn(3, 4, generator=gen), config)
     )
-    return forward, dispatch
-
-
-@pytest.mark.parametrize("release", ["data-emptied", "storage-resized", "shared-memory", "data-cloned", "deleted"])
-def test_sources_released_or_moved_with_their_bytes_still_run(gen: torch.Generator, release: str) -> None:
-    """Correct programs refused (adversarial pass 10, c07): a copied source's memory released
-    (``untyped_storage().resize_(0)``) or moved with the same bytes (``share_memory_()``, ``.data = .data.clone()``)
-    counted as a write. Released or gone, it holds no weights anyone could expect to run; moved, its fingerprint is
-    unchanged."""
-    source = torch.randn(4, 64, 64, generator=gen) / 8
-    forward, dispatch = _copying_bind(gen, source)
-    expected = forward(dispatch)
-    if release == "data-emptied":
-        source.data = torch.empty(0)
-    elif release == "storage-resized":
-        source.untyped_storage().resize_(0)
-    elif release == "shared-memory":
-        source.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves Tensor.share_memory_ unannotated
-    elif release == "data-cloned":
-        source.data = source.data.clone()
-    else:
-        del source
-    torch.testing.assert_close(forward(dispatch), expected, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("write", ["new-values-rebound", "view-not-kept", "transposed-view-not-kept"])
-def test_new_values_into_a_copied_source_are_refused(gen: torch.Generator, write: str) -> None:
-    """Silent (adversarial pass 10, c05): weights bound from a view the caller did not keep (``arena[0]``, a
-    checkpoint's transpose) were watched through that view, which died at once; a refit of the buffer then ran the old
-    copy, 1.94 off. The watch holds the view's buffer and region; new values rebound at the same shape (``.data =``)
-    are new values too."""
-    arena = torch.randn(2, 4, 64, 64, generator=gen) / 8
-    if write == "new-values-rebound":
-        source = arena[0].clone()
-        forward, dispatch = _copying_bind(gen, source)
-    elif write == "view-not-kept":
-        forward, dispatch = _copying_bind(gen, arena[0])
-    else:
-        forward, dispatch = _copying_bind(gen, arena[0].transpose(1, 2))
-    forward(dispatch)
-    if write == "new-values-rebound":
-        source.data = torch.randn(4, 64, 64, generator=gen)
-    else:
-        arena[0].copy_(torch.randn(4, 64, 64, generator=gen))  # the next layer's weights into the same region
-    with pytest.raises(RuntimeError, match=r"w13: written in place or given other values after it was bound"):
-        forward(dispatch)
-
-
-@pytest.mark.parametrize("built", ["dense-interleaved", "mxfp4-interleaved", "shared-expert"])
-def test_tensors_a_constructor_copied_are_watched(gen: torch.Generator, built: str) -> None:
-    """Silent (adversarial pass 10, c06): ``DenseMoeWeights.from_checkpoint`` of interleaved rows,
-    ``Mxfp4MoeWeights.from_checkpoint`` (rows reordered) and ``SharedExpert.from_projections`` (gate and up
-    concatenated) copy the caller's tensors and recorded only the copies: a refit of the checkpoint tensors ran the
-    old values, 0.93-1.64 off. The originals are watched too, by the layer and, after binding, by the bound forward."""
-    config = MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=32, top_k=2)
-    dispatch = StandardDispatchOutput(torch.randn(3, 64, generator=gen), select_experts(torch.randn(3, 4, generator=gen), config))
-    if built == "shared-expert":
-        gate, up = torch.randn(32, 64, generator=gen) / 8, torch.randn(32, 64, generator=gen) / 8
-        shared = SharedExpert.from_projections(
-            gate=gate, up=up, down=torch.randn(64, 32, generator=gen) / 6, activation=Activation.SILU_GATED
-        )
-        shared(dispatch.hidden_states)
-        up.mul_(2.0)
-        with pytest.raises(RuntimeError, match=r"SharedExpert.w13 \(up rows\): the tensor it was copied from was written"):
-            shared(dispatch.hidden_states)
-        return
-    forward: MoeForward
-    if built == "dense-interleaved":
-        checkpoint = torch.randn(4, 64, 64, generator=gen) / 8
-        forward = REFERENCE_DENSE.bind(config, DenseMoeWeights.from_checkpoint(
-            w13=checkpoint, w2=torch.randn(4, 64, 32, generator=gen) / 6, layout=GateUpLayout.INTERLEAVED,
-        ))
-        written = checkpoint
-    else:
-        up4 = Mxfp4ExpertWeights.quantize(torch.randn(4, 64, 64, generator=gen) / 8)
-        down4 = Mxfp4ExpertWeights.quantize(torch.randn(4, 64, 32, generator=gen) / 6)
-        weights = Mxfp4MoeWeights.from_checkpoint(w13=up4, w2=down4, layout=GateUpLayout.INTERLEAVED)
-        forward = REFERENCE_MXFP4.bind(config, weights)
-        written = up4.packed
-    forward(dispatch)
-    written.view(torch.uint8).bitwise_xor_(0x11)  # the next layer's bytes, into the checkpoint's tensor
-    with pytest.raises(RuntimeError, match=r"w13(\.packed)?: (the tensor it was copied from was written|written in place or given other values after it was bound)"):
-        forward(dispatch)
-
-
-def test_a_copied_part_of_a_file_buffer_is_told_from_the_next_layers_loaded_beside_it(
-    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A correct program refused (adversarial pass 11, c07): weights copied by ``from_checkpoint`` from a region of
-    one whole-file buffer, the next layer then loaded into another region. The buffer's write counter is shared, and
-    copied sources over 16 MB on a CPU had no fingerprint, so the load was taken for a refit. Parts of larger
-    buffers are fingerprinted at any size (here: with the size bound at 0)."""
-    monkeypatch.setattr(moe_core._checks, "SOURCE_FINGERPRINT_BYTES", 0)
-    config = MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=32, top_k=2)
-    dispatch = StandardDispatchOutput(torch.randn(3, 64, generator=gen), select_experts(torch.randn(3, 4, generator=gen), config))
-    file_buffer = torch.empty(2 * 4 * 64 * 64 * 4, dtype=torch.uint8)
-    layers = file_buffer.view(torch.float32).view(2, 4, 64, 64)
-    layers[0].copy_(torch.randn(4, 64, 64, generator=gen) / 8)
-    forward = REFERENCE_DENSE.bind(config, DenseMoeWeights.from_checkpoint(
-        w13=layers[0], w2=torch.randn(4, 64, 32, generator=gen) / 6, layout=GateUpLayout.INTERLEAVED,
-    ))
-    expected = forward(dispatch)
-    layers[1].copy_(torch.randn(4, 64, 64, generator=gen) / 8)  # the next layer, beside it
-    torch.testing.assert_close(forward(dispatch), expected, rtol=0, atol=0)
-    layers[0].mul_(2.0)  # a refit of this layer's region
-    with pytest.raises(RuntimeError, match=r"w13: written in place or given other values after it was bound"):
-        forward(dispatch)
+    forwards: list[MoeForward] = []
+    expected: list[torch.Tensor] = []
+    for _ in range(3):
+        staging13.copy_(torch.randn(4, 64, 64, generator=gen) / 8)
+        staging2.copy_(torch.randn(4, 64, 32, generator=gen) / 6)
+        forward: MoeForward
+        if backend == "triton-dense":
+            route = choose(DENSE, cpu, LayerSpec(config, DENSE, torch.float16), name=backend).chosen
+            forward = route.bind(config, DenseMoeWeights(w13=staging13, w2=staging2))
+        else:  # the gate and up codes staged, as a loader streams an FP8 checkpoint
+            quantized = Fp8GateUpWeights.quantize(staging13)
+            gate_codes.copy_(quantized.gate.codes)
+            up_codes.copy_(quantized.up.codes)
+            gate_up = Fp8GateUpWeights(
+                gate=Fp8ExpertWeights(gate_codes, quantized.gate.scales), up=Fp8ExpertWeights(up_codes, quantized.up.scales)
+            )
+            weights = Fp8MoeWeights(
+                w13=gate_up, w2=Fp8ExpertWeights.quantize(staging2),
+                w13_input_scale=Fp8TensorScale.from_amax(4.0), w2_input_scale=Fp8TensorScale.from_amax(4.0),
+            )
+            forward = choose(FP8, cpu, LayerSpec(config, FP8, torch.float16), name=backend).chosen.bind(config, weights)
+        forwards.append(forward)
+        expected.append(forward(dispatch).float())
+    for forward, want in zip(forwards, expected):
+        torch.testing.assert_close(forward(dispatch).float(), want, rtol=2e-2, atol=2e-3)

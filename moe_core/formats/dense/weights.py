@@ -11,7 +11,6 @@ import torch
 from moe_core._checks import (
     FLOAT_DTYPES,
     record_built,
-    record_copied,
     require_dtype,
     require_finite,
     require_ndim,
@@ -118,12 +117,6 @@ class DenseMoeWeights(TensorExperts):
         """Weights whose fused gate/up rows (and bias) are in the checkpoint's ``layout``, reordered to ``[gate | up]``."""
         if not isinstance(layout, GateUpLayout):
             raise TypeError(f"layout: expected a GateUpLayout, got {layout!r}")
-        given = biases
-        if given is not None:
-            biases = ExpertBiases(w13=layout.to_concatenated(given.w13, 1), w2=given.w2)
-            if biases.w13 is not given.w13:
-                record_copied(biases, "w13", given.w13)
-        weights = cls(w13=layout.to_concatenated(w13, 1), w2=w2, biases=biases)
-        if weights.w13 is not w13:
-            record_copied(weights, "w13", w13)
-        return weights
+        if biases is not None:
+            biases = ExpertBiases(w13=layout.to_concatenated(biases.w13, 1), w2=biases.w2)
+        return cls(w13=layout.to_concatenated(w13, 1), w2=w2, biases=biases)

@@ -7,7 +7,7 @@ from typing import final
 import attrs
 import torch
 
-from moe_core._checks import record_copied, require_same_device
+from moe_core._checks import require_same_device
 from moe_core.formats._experts import ExpertSizes, check_expert_shapes
 from moe_core.formats.dense.weights import DenseMoeWeights, ExpertBiases, GateUpLayout
 from moe_core.mxfp4 import Mxfp4ExpertWeights
@@ -68,15 +68,9 @@ class Mxfp4MoeWeights(ExpertSizes):
         """Weights whose fused gate/up rows (codes, scales and bias) are in the checkpoint's ``layout``, reordered to
         ``[gate | up]`` (a permutation of whole rows: exact)."""
         order = _concatenated_rows(layout, w13.shape[1])
-        given = biases
-        if given is not None:
-            biases = ExpertBiases(w13=layout.to_concatenated(given.w13, 1), w2=given.w2)
-            if biases.w13 is not given.w13:
-                record_copied(biases, "w13", given.w13)
-        weights = cls(w13=w13.rows(order), w2=w2, biases=biases)
-        record_copied(weights, "w13.packed", w13.packed)
-        record_copied(weights, "w13.scales", w13.scales.codes)
-        return weights
+        if biases is not None:
+            biases = ExpertBiases(w13=layout.to_concatenated(biases.w13, 1), w2=biases.w2)
+        return cls(w13=w13.rows(order), w2=w2, biases=biases)
 
     def dequantized_bf16(self) -> DenseMoeWeights:
         """The weights in bf16 (exact: an E2M1 value times a power of two below 2**125 is a bf16), for the MXFP4 -> dense
