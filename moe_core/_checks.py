@@ -200,7 +200,7 @@ def require_unwritten(name: str, tensor: torch.Tensor, count: int) -> None:
 
 
 FINGERPRINT_CHUNK = 1 << 22
-"""Bytes a fingerprint reads at a time (its int64 copies of them take 8 times as much)."""
+"""Bytes a fingerprint reads at a time, at least one period's worth (its int32 copies of them take 4 times as much)."""
 
 
 def _in_larger_buffer(tensor: torch.Tensor) -> bool:
@@ -242,20 +242,34 @@ def _own_byte_runs(tensor: torch.Tensor) -> list[torch.Tensor]:
 
 def _fingerprint(tensor: torch.Tensor) -> tuple[int, int] | None:
     """Two sums over a tensor's own bytes in its element order (:func:`_own_byte_runs`), plain and position-weighted
-    (a different layer's weights, or the same bytes moved, change them); None where the values cannot be read."""
+    (a different layer's weights, or the same bytes moved, change them); None where the values cannot be read.
+
+    Byte ``i`` weighs ``i % FINGERPRINT_PERIOD + 1``: the bytes are read as
+    rows of one period where they line up with it, each row times the same
+    int32 weights (a byte times a weight stays below 2^24), summed in int64.
+    """
     if not values_readable(tensor) or tensor.numel() == 0:
         return None
-    runs = _own_byte_runs(tensor)
-    total = torch.zeros((), dtype=torch.int64, device=tensor.device)
-    weighted = torch.zeros((), dtype=torch.int64, device=tensor.device)
+    device = tensor.device
+    weights = torch.arange(1, FINGERPRINT_PERIOD + 1, dtype=torch.int32, device=device)
+    total = torch.zeros((), dtype=torch.int64, device=device)
+    weighted = torch.zeros((), dtype=torch.int64, device=device)
     offset = 0
-    for flat in runs:
-        for start in range(0, flat.numel(), FINGERPRINT_CHUNK):
-            chunk = flat[start : start + FINGERPRINT_CHUNK].to(torch.int64)
-            places = torch.arange(offset + start, offset + start + chunk.numel(), device=flat.device) % FINGERPRINT_PERIOD + 1
-            total += chunk.sum()
-            weighted += (chunk * places).sum()
-        offset += flat.numel()
+    for flat in _own_byte_runs(tensor):
+        size, start = flat.numel(), 0
+        while start < size:
+            phase = (offset + start) % FINGERPRINT_PERIOD
+            rows = min(FINGERPRINT_CHUNK, size - start) // FINGERPRINT_PERIOD
+            if phase or not rows:  # up to the next period boundary, or the last partial row
+                length = min(FINGERPRINT_PERIOD - phase, size - start)
+                piece, scale = flat[start : start + length].to(torch.int32), weights[phase : phase + length]
+            else:
+                length = rows * FINGERPRINT_PERIOD
+                piece, scale = flat[start : start + length].to(torch.int32).view(rows, FINGERPRINT_PERIOD), weights
+            total += piece.sum(dtype=torch.int64)
+            weighted += (piece * scale).sum(dtype=torch.int64)
+            start += length
+        offset += size
     return int(total), int(weighted)
 
 
