@@ -389,10 +389,11 @@ def _blocks_at_max(codes: torch.Tensor) -> tuple[int, int, int]:
     for expert in range(experts):  # one expert's bytes at a time
         magnitudes = (codes[expert].view(torch.uint8) & 0x7F).reshape(rows // SCALE_BAND, SCALE_BAND, cols // SCALE_BAND, SCALE_BAND)
         nonzero = (magnitudes != 0).any(dim=3).any(dim=1)
-        if int(nonzero.sum()) < EXPERT_BLOCK_EVIDENCE:
+        judged = int(nonzero.sum())
+        if judged < EXPERT_BLOCK_EVIDENCE:
             continue
         peaks = (magnitudes == _E4M3_MAX_BITS).sum(dim=(1, 3)) * nonzero
-        blocks, at_max, saturated = blocks + int(nonzero.sum()), at_max + int((peaks > 0).sum()), saturated + int(peaks.sum())
+        blocks, at_max, saturated = blocks + judged, at_max + int((peaks > 0).sum()), saturated + int(peaks.sum())
     return blocks, at_max, saturated
 
 

@@ -128,26 +128,38 @@ class Operand(Protocol):
         ...
 
 
+class SameEveryLaunch:
+    """An :class:`Operand` whose kernel operands do not depend on the launch: made once (:attr:`operands`), then the
+    same object on every launch, its :attr:`KernelOperands.arguments` worked out once too."""
+
+    __slots__ = ()
+
+    @property
+    def operands(self) -> KernelOperands:
+        """The kernel operands (each subclass makes them, once)."""
+        raise NotImplementedError
+
+    def kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
+        """:attr:`operands`, whatever the activations' dtype."""
+        return self.operands
+
+
 @final
 @attrs.frozen(eq=False)
-class DenseOperand:
+class DenseOperand(SameEveryLaunch):
     """bf16/fp16 ``B [E, N, K]``."""
 
     weights: torch.Tensor
 
-    def kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
-        """The weights as they are."""
-        return self.operands
-
     @functools.cached_property
     def operands(self) -> KernelOperands:
-        """The same for every launch (made once)."""
+        """The weights as they are."""
         return KernelOperands(b=self.weights)
 
 
 @final
 @attrs.frozen(eq=False)
-class Nvfp4Operand:
+class Nvfp4Operand(SameEveryLaunch):
     """Packed NVFP4 ``B [E, N, K / 2]`` decoded in the tile: E4M3 block scales ``[E, N, K / 16]``, and each half's
     per-expert dequantize-side global scale on the accumulator (``[E, 2]`` gate and up, or ``[E]``)."""
 
@@ -155,13 +167,9 @@ class Nvfp4Operand:
     block_scales: torch.Tensor
     global_scales: torch.Tensor
 
-    def kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
-        """The codes, their block scales and the global scales."""
-        return self.operands
-
     @functools.cached_property
     def operands(self) -> KernelOperands:
-        """The same for every launch (made once)."""
+        """The codes, their block scales and the global scales."""
         return KernelOperands(b=self.packed, b_scales=self.block_scales, dequant=self.global_scales, nvfp4=True)
 
 
@@ -181,20 +189,16 @@ class Nvfp4WorkspaceOperand:
 
 @final
 @attrs.frozen(eq=False)
-class Mxfp4Operand:
+class Mxfp4Operand(SameEveryLaunch):
     """Packed MXFP4 ``B [E, N, K / 2]`` decoded in the tile with its E8M0 exponents ``[E, N, K / 32]`` (uint8),
     no global scale; the dot products are bf16."""
 
     packed: torch.Tensor
     exponents: torch.Tensor
 
-    def kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
-        """The codes and their exponents."""
-        return self.operands
-
     @functools.cached_property
     def operands(self) -> KernelOperands:
-        """The same for every launch (made once)."""
+        """The codes and their exponents."""
         return KernelOperands(b=self.packed, b_scales=self.exponents, mxfp4=True)
 
 
@@ -213,7 +217,7 @@ class Mxfp4WorkspaceOperand:
 
 @final
 @attrs.frozen(eq=False)
-class Fp8ChannelOperand:
+class Fp8ChannelOperand(SameEveryLaunch):
     """E4M3 ``B [E, N, K]`` with per-channel dequantize-side scales ``[E, N]`` (per-tensor ones repeated on their
     rows); ``promote`` adds the FP8 MMAs into the float32 accumulator every K tile."""
 
@@ -221,31 +225,23 @@ class Fp8ChannelOperand:
     scales: torch.Tensor
     promote: bool = True
 
-    def kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
-        """The codes and their row scales."""
-        return self.operands
-
     @functools.cached_property
     def operands(self) -> KernelOperands:
-        """The same for every launch (made once)."""
+        """The codes and their row scales."""
         return KernelOperands(b=self.codes, dequant=self.scales, fp8=True, promote=self.promote)
 
 
 @final
 @attrs.frozen(eq=False)
-class Fp8BlockOperand:
+class Fp8BlockOperand(SameEveryLaunch):
     """E4M3 ``B [E, N, K]`` with one dequantize-side scale per 128x128 block, ``[E, N / 128, K / 128]``."""
 
     codes: torch.Tensor
     scales: torch.Tensor
 
-    def kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
-        """The codes and their block scales."""
-        return self.operands
-
     @functools.cached_property
     def operands(self) -> KernelOperands:
-        """The same for every launch (made once)."""
+        """The codes and their block scales."""
         return KernelOperands(b=self.codes, dequant=self.scales, fp8_blocks=True)
 
 

@@ -61,14 +61,12 @@ class KeptScratch:
         if kept is not None:
             return kept
         buffer = torch.empty(shape, dtype=dtype, device=device)
-        size = buffer.numel() * buffer.element_size()
-        if size > KEPT_BYTES:
+        if buffer.nbytes > KEPT_BYTES:
             return buffer
-        while self._bytes + size > KEPT_BYTES:
-            oldest = self._kept.pop(next(iter(self._kept)))
-            self._bytes -= oldest.numel() * oldest.element_size()
+        while self._bytes + buffer.nbytes > KEPT_BYTES:
+            self._bytes -= self._kept.pop(next(iter(self._kept))).nbytes
         self._kept[key] = buffer
-        self._bytes += size
+        self._bytes += buffer.nbytes
         return buffer
 
     @property
