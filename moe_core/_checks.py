@@ -273,10 +273,17 @@ def _fingerprint(tensor: torch.Tensor) -> tuple[int, int] | None:
     return int(total), int(weighted)
 
 
+FINGERPRINT_WHOLE_BYTES = 1 << 24
+"""A whole tensor (not a part of a larger buffer) up to this many bytes is fingerprinted too: a router's weight, scales,
+a small layer's experts, which ``load_state_dict`` of their own values rewrites (its counter moves, its bytes do
+not). Larger whole tensors are not read at binding: a move of their counter counts as a write."""
+
+
 class WriteCount:
-    """A tensor's write count at one moment, and for a part of a larger buffer its contents' fingerprint: the counter
-    is shared by the whole buffer, so a count that moved is checked against the contents before it says the tensor
-    was written."""
+    """A tensor's write count at one moment, and where its counter can move while its bytes stay (a part of a larger
+    buffer, whose counter the whole buffer shares; a whole tensor up to :data:`FINGERPRINT_WHOLE_BYTES` that a reload
+    rewrites with the same values) its contents' fingerprint: a count that moved is checked against the contents
+    before it says the tensor was written."""
 
     __slots__ = ("count", "fingerprint", "pointer", "tensor")
 
@@ -284,7 +291,8 @@ class WriteCount:
         self.tensor = tensor
         self.pointer = tensor.data_ptr()
         self.count = write_count(tensor)
-        self.fingerprint = _fingerprint(tensor) if self.count >= 0 and _in_larger_buffer(tensor) else None
+        fingerprinted = _in_larger_buffer(tensor) or tensor.numel() * tensor.element_size() <= FINGERPRINT_WHOLE_BYTES
+        self.fingerprint = _fingerprint(tensor) if self.count >= 0 and fingerprinted else None
 
     def writes(self) -> int:
         """In-place writes into the tensor since then (its counter's moves; 0 where they were writes into other parts

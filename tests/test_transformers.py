@@ -563,6 +563,28 @@ def test_a_swapped_model_refuses_state_dicts_instead_of_dropping_its_experts(gen
         holder.load_state_dict(donor, strict=False)
 
 
+@pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3"])
+def test_the_original_block_reloaded_with_its_own_values_keeps_the_swapped_one_running(
+    gen: torch.Generator, family: str
+) -> None:
+    """False refusal (adversarial pass 12, c04): a harness that kept the original block reloaded it with its own
+    values; the router and the experts the swapped block holds as given were refused as written in place (their
+    counters moved, their bytes did not). Whole tensors up to 16 MiB are fingerprinted now: the same bytes run, other
+    bytes are still refused by name."""
+    block = _block(family, gen)
+    holder = _Holder(block, _config(family))
+    x = torch.randn(2, 5, 32, generator=gen)
+    with torch.no_grad():
+        want = _output(block(x))
+        swap_moe_blocks(holder)
+        block.load_state_dict({name: value.clone() for name, value in block.state_dict().items()})
+        assert _relative_error(_output(holder.mlp(x)), want) <= TOLERANCE
+        router = next(p for name, p in block.named_parameters() if name.endswith("gate.weight"))
+        router.mul_(1.5)
+        with pytest.raises(RuntimeError, match=r"written in place"):
+            holder.mlp(x)
+
+
 def test_model_without_covered_block_is_refused() -> None:
     holder = _Holder(nn.Linear(2, 2), CONFIGS["mixtral"]())
     with pytest.raises(ValueError, match="no sparse MoE block of a covered family"):
