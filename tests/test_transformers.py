@@ -346,6 +346,7 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
     "step3p7/swiglu limits": ("step3p7", {"swiglu_limits": [0.5] * 2, "swiglu_limits_shared": [0.7] * 2}),
     "step3p7/shared expert limited only": ("step3p7", {"swiglu_limits_shared": [0.7] * 2}),
     "glm5_next/one group": ("glm5_next", {"n_group": 1, "topk_group": 1}),
+    "phimoe/one expert per token in its config": ("phimoe", {"num_experts_per_tok": 1}),  # its sparsemixer picks two
 }
 """Another reading of a family's config, checked like its tiny config: ``name -> (family, config overrides)``."""
 

@@ -459,9 +459,22 @@ def _gpt_oss(block: nn.Module, config: object) -> BlockParts:
     )
 
 
+def _sparsemixer_picks(block: nn.Module) -> int:
+    """How many experts PhiMoE's router picks per token, asked of the router on a probe: transformers' sparsemixer
+    picks two whatever the block's ``top_k`` (``num_experts_per_tok``) says, so the block's field is not read."""
+    weight = _tensor(block, "router.weight")
+    probe = torch.linspace(-1.0, 1.0, 2 * int(weight.shape[1]), dtype=weight.dtype, device=weight.device)
+    with torch.no_grad():
+        routed = _get(block, "router", nn.Module)(probe.view(2, -1))
+    picked = routed[-1] if isinstance(routed, tuple) else None
+    if not isinstance(picked, torch.Tensor) or picked.dim() != 2:
+        raise ValueError(f"{type(block).__name__}.router: expected (logits, weights, experts [T, k]), got {type(routed).__name__}")
+    return int(picked.shape[1])
+
+
 def _phimoe(block: nn.Module, config: object) -> BlockParts:
     return BlockParts(
-        top_k=_get(block, "top_k", int),
+        top_k=_sparsemixer_picks(block),
         activation=_checked_activation(block, config),
         routing=SparseMixer(jitter_eps=_float(block, "router.router_jitter_noise")),
         router=Router(weight=_tensor(block, "router.weight")),
