@@ -50,6 +50,7 @@ from moe_core._checks import (
     values_readable,
 )
 from moe_core.block_scales import LinearBlockScales
+from moe_core._halves import joined_halves
 from moe_core.global_scales import E2M1_MAX, E4M3_MAX, NVFP4_RANGE, ExpertQuantizeGlobalScales, QuantizeGlobalScale
 
 BLOCK_SIZE = 16
@@ -417,7 +418,7 @@ class Nvfp4GateUpWeights:
         if not isinstance(policy, GateUpScalePolicy):
             raise TypeError(f"policy: expected a GateUpScalePolicy, got {policy!r}")
         gate_gs, up_gs = self.gate.global_scales.value, self.up.global_scales.value
-        packed = torch.cat((self.gate.packed, self.up.packed), dim=1)
+        packed = joined_halves(self.gate.packed, self.up.packed)
         if policy is GateUpScalePolicy.REQUIRE_EQUAL:
             if values_readable(gate_gs) and not torch.equal(gate_gs, up_gs):
                 differ = (gate_gs != up_gs).nonzero().flatten().tolist()
@@ -427,7 +428,7 @@ class Nvfp4GateUpWeights:
                     "a kernel with one FC1 scale needs them equal, or pass "
                     "policy=GateUpScalePolicy.RESCALE_BLOCK_SCALES"
                 )
-            scales = torch.cat((self.gate.block_scales.data, self.up.block_scales.data), dim=1)
+            scales = joined_halves(self.gate.block_scales.data, self.up.block_scales.data)
             return Nvfp4ExpertWeights(packed, LinearBlockScales.from_checkpoint(scales), self.gate.global_scales)
         shared = torch.minimum(gate_gs, up_gs)
         halves = []

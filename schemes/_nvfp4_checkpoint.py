@@ -39,9 +39,7 @@ W = TypeVar("W", bound=QuantInfo)
 
 
 def _experts(packed: torch.Tensor, scales: torch.Tensor, global_scales: ExpertQuantizeGlobalScales) -> Nvfp4ExpertWeights:
-    return Nvfp4ExpertWeights(
-        packed.contiguous(), LinearBlockScales.from_checkpoint(scales.contiguous()), global_scales
-    )
+    return Nvfp4ExpertWeights(packed, LinearBlockScales.from_checkpoint(scales), global_scales)
 
 
 class _Nvfp4Checkpoint(ExpertScheme[W]):

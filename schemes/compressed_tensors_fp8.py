@@ -79,7 +79,7 @@ class CompressedTensorsFp8MoE(ExpertScheme[Fp8MoeWeights]):
         codes, scales = tensors.gate_up("weight"), tensors.gate_up("weight_scale")
 
         def half(index: int) -> Fp8ExpertWeights:
-            return Fp8ExpertWeights(codes[:, index].contiguous(), ExpertFp8Scales.from_checkpoint(scales[:, index].contiguous()))
+            return Fp8ExpertWeights(codes[:, index], ExpertFp8Scales.from_checkpoint(scales[:, index].contiguous()))
 
         return Fp8MoeWeights(
             w13=Fp8GateUpWeights(gate=half(0), up=half(1)),

@@ -41,6 +41,7 @@ from moe_core import (
 )
 from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
 from moe_core.fp8 import FP8_BLOCK
+from moe_core._halves import joined_halves
 from moe_core.formats._experts import TensorExperts
 from moe_core.formats.dense import ExpertBiases
 from moe_core.mxfp4 import MXFP4_BLOCK, E8M0Scales
@@ -113,10 +114,6 @@ class TritonDenseWeights(TensorExperts):
         return cls(w13=weights.w13.to(dtype).contiguous(), w2=weights.w2.to(dtype).contiguous(), biases=biases)
 
 
-def _packed(half: Nvfp4ExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:
-    return half.packed.contiguous(), half.block_scales.data.contiguous()
-
-
 class _PackedFp4Experts:
     """The QuantInfo properties of weights held as packed E2M1 codes, ``w13_packed [E, 2I, H / 2]`` (two a byte)."""
 
@@ -186,17 +183,15 @@ class TritonNvfp4W4A16Weights(_PackedFp4Experts):
     @classmethod
     def from_nvfp4(cls, weights: Nvfp4W4A16MoeWeights) -> TritonNvfp4W4A16Weights:
         """The canonical NVFP4 W4A16 weights as the kernels read them: the same codes and block scales."""
-        gate_packed, gate_block = _packed(weights.w13.gate)
-        up_packed, up_block = _packed(weights.w13.up)
-        w2_packed, w2_block = _packed(weights.w2)
+        gate, up, w2 = weights.w13.gate, weights.w13.up, weights.w2
         return cls(
-            w13_packed=torch.cat((gate_packed, up_packed), dim=1),
-            w13_block_scales=LinearBlockScales.from_checkpoint(torch.cat((gate_block, up_block), dim=1)),
-            gate_scales=ExpertDequantizeGlobalScales.from_quantize(weights.w13.gate.global_scales),
-            up_scales=ExpertDequantizeGlobalScales.from_quantize(weights.w13.up.global_scales),
-            w2_packed=w2_packed,
-            w2_block_scales=LinearBlockScales.from_checkpoint(w2_block),
-            w2_scales=ExpertDequantizeGlobalScales.from_quantize(weights.w2.global_scales),
+            w13_packed=joined_halves(gate.packed, up.packed),
+            w13_block_scales=LinearBlockScales.from_checkpoint(joined_halves(gate.block_scales.data, up.block_scales.data)),
+            gate_scales=ExpertDequantizeGlobalScales.from_quantize(gate.global_scales),
+            up_scales=ExpertDequantizeGlobalScales.from_quantize(up.global_scales),
+            w2_packed=w2.packed.contiguous(),
+            w2_block_scales=LinearBlockScales.from_checkpoint(w2.block_scales.data.contiguous()),
+            w2_scales=ExpertDequantizeGlobalScales.from_quantize(w2.global_scales),
         )
 
 
@@ -376,7 +371,7 @@ class TritonFp8Weights(TensorExperts):
         """Per-tensor FP8 weights with their static input scales; each half's scale repeated on its rows."""
         gate, up = weights.w13.gate, weights.w13.up
         return cls._of(
-            w13=torch.cat((gate.codes, up.codes), dim=1).contiguous(),
+            w13=joined_halves(gate.codes, up.codes),
             w13_scales=Fp8ChannelScales.from_halves(gate=gate.scales, up=up.scales, rows=gate.shape[1]),
             w2=weights.w2.codes.contiguous(),
             w2_scales=Fp8ChannelScales.from_expert(weights.w2.scales, weights.w2.shape[1]),
