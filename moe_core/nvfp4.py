@@ -122,10 +122,21 @@ def _check_arithmetic(arithmetic: Nvfp4Arithmetic) -> None:
 
 
 def _global_scales_of(amax: torch.Tensor, arithmetic: Nvfp4Arithmetic) -> ExpertQuantizeGlobalScales:
-    """``448 * 6 / amax`` per expert, 1.0 where that is not finite (an all-zero expert), in ``arithmetic``."""
+    """``448 * 6 / amax`` per expert, 1.0 where that is not finite because the expert is all zeros, in
+    ``arithmetic``; a ``ValueError`` naming the experts where it overflows the input's dtype (fp16 under
+    ``INPUT_DTYPE``: amax below ``2688 / 65504``, about 0.041), whose blocks would all read as zeros under 1.0."""
     if arithmetic is Nvfp4Arithmetic.FLOAT32:
         amax = amax.to(torch.float32)
     scale = NVFP4_RANGE / amax.clamp(min=torch.finfo(amax.dtype).tiny)
+    if values_readable(amax):
+        overflowed = ((amax > 0) & ~torch.isfinite(scale)).nonzero().flatten().tolist()
+        if overflowed:
+            smallest = float(amax[overflowed].min())
+            raise ValueError(
+                f"w: the global scale {NVFP4_RANGE:g} / amax of experts {overflowed[:8]}{' ...' if len(overflowed) > 8 else ''} "
+                f"(amax down to {smallest:.3g}) overflows {amax.dtype} under {arithmetic}; quantize with "
+                "Nvfp4Arithmetic.FLOAT32"
+            )
     return ExpertQuantizeGlobalScales._of(torch.nan_to_num(scale, posinf=1.0).to(torch.float32))
 
 

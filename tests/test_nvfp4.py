@@ -203,9 +203,18 @@ def test_float32_arithmetic_differs_from_compressed_tensors_on_half_precision(
     assert int((ours != theirs).sum()) >= 6
 
 
-def test_fp16_global_scale_overflow_falls_back_to_one_like_compressed_tensors() -> None:
+def test_fp16_global_scale_overflow_is_refused_where_compressed_tensors_falls_back_to_one(gen: torch.Generator) -> None:
+    """compressed-tensors turns ``2688 / amax``'s fp16 overflow (amax below about 0.041) into a global scale of 1.0,
+    under which every block scale underflows and the expert reads as zeros (adversarial pass 13, c13: the layer's
+    output about 0, 0.88-1.04 off). ``INPUT_DTYPE`` refuses such experts by name instead; ``FLOAT32`` quantizes them,
+    and an all-zero expert still takes 1.0."""
     w = torch.full((4, 32), 0.01, dtype=torch.float16)  # 2688 / 0.01 overflows fp16
-    ct = compressed_tensors_compress(w)
-    ours = Nvfp4ExpertWeights.quantize(w[None], arithmetic=Nvfp4Arithmetic.INPUT_DTYPE)
-    assert float(ct["weight_global_scale"]) == float(ours.global_scales.value) == 1.0
-    assert float(Nvfp4ExpertWeights.quantize(w[None]).global_scales.value) == pytest.approx(268800, rel=1e-3)
+    assert float(compressed_tensors_compress(w)["weight_global_scale"]) == 1.0
+    experts = torch.stack([random_weight(gen, 4, 32).to(torch.float16), w, torch.zeros_like(w)])
+    with pytest.raises(ValueError, match=r"experts \[1\] \(amax down to 0.01\) overflows torch.float16 under .*FLOAT32"):
+        Nvfp4ExpertWeights.quantize(experts, arithmetic=Nvfp4Arithmetic.INPUT_DTYPE)
+    ours = Nvfp4ExpertWeights.quantize(experts)
+    assert float(ours.global_scales.value[1]) == pytest.approx(268800, rel=1e-3)
+    assert float(ours.global_scales.value[2]) == 1.0
+    error = (ours.dequantize_expert(1) - w.float()).abs().max()
+    assert float(error) <= 0.01 / 6  # one E2M1 step at most
