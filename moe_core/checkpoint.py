@@ -36,7 +36,9 @@ from moe_core.config import (
     RoutingMethod,
 )
 from moe_core.expert_params import ExpertShard
+from moe_core.fp8 import Fp8BlockExpertWeights, Fp8BlockScales
 from moe_core.formats.dense.weights import GateUpLayout
+from moe_core.layer import SharedExpert
 from moe_core.routing import Router
 from moe_core.scheme import MoeScheme, SchemeOptions, SchemeSpec, UnsupportedCheckpoint
 
@@ -152,6 +154,8 @@ class ArchitectureNames:
     """The layer's routing, activation, scaling and biases from ``config.json``."""
     float32_router: bool = attrs.field(default=False, kw_only=True)
     """The architecture computes its router logits in float32 whatever the model's dtype (DeepSeek-V3)."""
+    shared_expert: str | None = attrs.field(default=None, kw_only=True)
+    """The shared expert's module name inside the block (DeepSeek-V3: ``shared_experts``), None where it has none."""
 
 
 ARCHITECTURES: Mapping[str, ArchitectureNames] = {
@@ -164,7 +168,8 @@ ARCHITECTURES: Mapping[str, ArchitectureNames] = {
         router="router", fused_experts=GateUpLayout.INTERLEAVED, semantics=_gpt_oss,
     ),
     "deepseek_v3": ArchitectureNames(
-        ("n_routed_experts",), "moe_intermediate_size", "mlp", semantics=_deepseek_v3, float32_router=True
+        ("n_routed_experts",), "moe_intermediate_size", "mlp", semantics=_deepseek_v3, float32_router=True,
+        shared_expert="shared_experts",
     ),
 }
 """The architectures (``config.json``'s ``model_type``) whose MoE layers the loader knows."""
@@ -474,6 +479,41 @@ class MoeCheckpoint:
             weight=weight.to(on),
             bias=None if bias is None else bias.to(on),
             score_correction_bias=None if correction is None else correction.float().to(on),
+        )
+
+    def shared_expert(self, layer: int, *, device: torch.device | None = None) -> SharedExpert | None:
+        """``layer``'s shared expert (DeepSeek-V3's ``shared_experts``), None where the layer has none.
+
+        Schemes and :meth:`load_layer` compute the routed experts only, as
+        engines' fused MoE kernels do; the model's block adds this MLP's
+        output once per token: ``layer.apply(...) + shared(x)``. Projections
+        stored as 128x128-block FP8 (``weight_scale_inv``) are dequantized to
+        the checkpoint's dtype; other quantized projections are refused by name.
+        """
+        self._require_layer(layer)
+        if self.names.shared_expert is None:
+            return None
+        prefix = f"{self.block_prefix(layer)}.{self.names.shared_expert}."
+        keys = sorted(key for key in self.weight_map if key.startswith(prefix))
+        if not keys:
+            return None
+        tensors = dict(self._read(keys))
+        projections = {}
+        for projection in ("gate_proj", "up_proj", "down_proj"):
+            names = {key[len(prefix) + len(projection) + 1 :] for key in keys if key.startswith(f"{prefix}{projection}.")}
+            weight = tensors.get(f"{prefix}{projection}.weight")
+            if weight is None or names - {"weight", "weight_scale_inv"}:
+                raise ValueError(
+                    f"{prefix}{projection}: expected weight (and FP8 block scales weight_scale_inv), got {sorted(names)}"
+                )
+            scales = tensors.get(f"{prefix}{projection}.weight_scale_inv")
+            if scales is not None:
+                blocks = Fp8BlockExpertWeights(weight[None], Fp8BlockScales.from_checkpoint(scales[None]))
+                weight = blocks.dequantize(self.dtype)[0]
+            projections[projection] = weight.to(self.dtype).to(torch.device("cpu") if device is None else device)
+        return SharedExpert.from_projections(
+            gate=projections["gate_proj"], up=projections["up_proj"], down=projections["down_proj"],
+            activation=self.semantics.activation,
         )
 
     def expert_keys(self, layer: int) -> list[tuple[str, int, ExpertShard, str]]:

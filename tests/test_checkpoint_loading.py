@@ -407,3 +407,29 @@ def test_a_checkpoints_config_is_read_only() -> None:
         checkpoint.config["norm_topk_prob"] = False  # type: ignore[index]  # the runtime check under test
     copied = pickle.loads(pickle.dumps(checkpoint.config))  # copies and pickles (a mappingproxy did neither)
     assert dict(copy.deepcopy(checkpoint.config)) == dict(copied) == dict(checkpoint.config)
+
+
+def test_the_shared_expert_of_a_deepseek_layer_is_read_beside_its_routed_experts(gen: torch.Generator) -> None:
+    """Silent at the documentation level (adversarial pass 13, c06): ``load_layer`` of a DeepSeek-V3 layer computes
+    its routed experts only, and nothing read or named ``mlp.shared_experts`` (0.33-0.53 off transformers' block).
+    ``shared_expert(layer)`` reads it, 128x128-block FP8 dequantized; layers of architectures without one give None."""
+    directory = FIXTURES / "deepseek_v3_fp8"
+    checkpoint = MoeCheckpoint(directory)
+    layer = checkpoint.moe_layers()[0]
+    shared = checkpoint.shared_expert(layer)
+    assert shared is not None and shared.w13.dtype == checkpoint.dtype
+    tensors = read_tensors(directory)
+    prefix = f"model.layers.{layer}.mlp.shared_experts"
+
+    def dequantized(projection: str) -> torch.Tensor:
+        codes, scale = tensors[f"{prefix}.{projection}.weight"], tensors[f"{prefix}.{projection}.weight_scale_inv"]
+        grid = scale.repeat_interleave(128, 0)[: codes.shape[0]].repeat_interleave(128, 1)[:, : codes.shape[1]]
+        return codes.double() * grid.double()
+
+    gate, up, down = (dequantized(p) for p in ("gate_proj", "up_proj", "down_proj"))
+    assert torch.equal(shared.w13.double(), torch.cat((gate, up)).to(checkpoint.dtype).double())
+    x = torch.randn(5, checkpoint.hidden_size, generator=gen, dtype=torch.float64)
+    want = (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
+    got = shared(x.to(checkpoint.dtype)).double()
+    assert float((got - want).abs().max() / want.abs().max()) <= 2e-2  # bf16 weights and activations
+    assert MoeCheckpoint(CT_NVFP4).shared_expert(0) is None
