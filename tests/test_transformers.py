@@ -586,6 +586,18 @@ def test_the_original_block_reloaded_with_its_own_values_keeps_the_swapped_one_r
             holder.mlp(x)
 
 
+def test_the_phimoe_swap_asks_its_router_without_drawing_from_the_callers_random_streams(gen: torch.Generator) -> None:
+    """The swap asks PhiMoE's router how many experts it picks; in training mode that router samples and jitters, so
+    the probe runs it in eval mode and gives its mode back."""
+    block = _block("phimoe", gen).train()
+    torch.manual_seed(0)
+    want = torch.rand(4)
+    torch.manual_seed(0)
+    swap_moe_blocks(_Holder(block, _config("phimoe")))
+    assert torch.equal(torch.rand(4), want)
+    assert block.router.training
+
+
 def test_model_without_covered_block_is_refused() -> None:
     holder = _Holder(nn.Linear(2, 2), CONFIGS["mixtral"]())
     with pytest.raises(ValueError, match="no sparse MoE block of a covered family"):

@@ -462,10 +462,15 @@ def _gpt_oss(block: nn.Module, config: object) -> BlockParts:
 def _sparsemixer_picks(block: nn.Module) -> int:
     """How many experts PhiMoE's router picks per token, asked of the router on a probe: transformers' sparsemixer
     picks two whatever the block's ``top_k`` (``num_experts_per_tok``) says, so the block's field is not read."""
-    weight = _tensor(block, "router.weight")
+    weight, router = _tensor(block, "router.weight"), _get(block, "router", nn.Module)
     probe = torch.linspace(-1.0, 1.0, 2 * int(weight.shape[1]), dtype=weight.dtype, device=weight.device)
-    with torch.no_grad():
-        routed = _get(block, "router", nn.Module)(probe.view(2, -1))
+    training = router.training
+    router.eval()  # in training mode it samples (and jitters its input), drawing from the caller's random streams
+    try:
+        with torch.no_grad():
+            routed = router(probe.view(2, -1))
+    finally:
+        router.train(training)
     picked = routed[-1] if isinstance(routed, tuple) else None
     if not isinstance(picked, torch.Tensor) or picked.dim() != 2:
         raise ValueError(f"{type(block).__name__}.router: expected (logits, weights, experts [T, k]), got {type(routed).__name__}")
