@@ -17,11 +17,13 @@ the block as zero.
 For bf16 or fp16 input, compressed-tensors (and so llmcompressor's
 checkpoints) computes two steps in the input's dtype: the global scale
 ``448 * 6 / amax`` and each block's ``amax / 6``, both rounded to that dtype
-(an fp16 global scale that overflows, amax below 2688 / 65504, becomes 1.0).
+(an fp16 global scale that overflows, amax below 2688 / 65504, becomes 1.0,
+which zeroes the expert).
 :class:`Nvfp4Arithmetic` makes that a choice at every quantize call:
 ``FLOAT32`` (the default, the more accurate) computes them in float32,
 ``INPUT_DTYPE`` rounds them as compressed-tensors does and matches its
-codes and scales bit for bit on bf16 and fp16 input too. For float32 input
+codes and scales bit for bit on bf16 and fp16 input too, except that it
+refuses an expert whose fp16 global scale overflows. For float32 input
 the two are the same. The CUDA kernels multiply
 by an approximate reciprocal instead of dividing, so they may round a value
 lying within an ulp of a midpoint between codes the other way, and store
