@@ -487,34 +487,51 @@ class MoeCheckpoint:
         Schemes and :meth:`load_layer` compute the routed experts only, as
         engines' fused MoE kernels do; the model's block adds this MLP's
         output once per token: ``layer.apply(...) + shared(x)``. Projections
-        stored as 128x128-block FP8 (``weight_scale_inv``) are dequantized to
-        the checkpoint's dtype; other quantized projections are refused by name.
+        stored in FP8 (128x128 blocks, ``weight_scale_inv``; or compressed-tensors'
+        per-tensor or per-channel ``weight_scale``) are dequantized to the
+        checkpoint's dtype and computed there; other quantized projections are
+        refused by name.
         """
-        self._require_layer(layer)
-        if self.names.shared_expert is None:
-            return None
-        prefix = f"{self.block_prefix(layer)}.{self.names.shared_expert}."
-        keys = sorted(key for key in self.weight_map if key.startswith(prefix))
+        keys = self.shared_expert_keys(layer)
         if not keys:
             return None
+        prefix = f"{self.block_prefix(layer)}.{self.names.shared_expert}."
         tensors = dict(self._read(keys))
         projections = {}
         for projection in ("gate_proj", "up_proj", "down_proj"):
             names = {key[len(prefix) + len(projection) + 1 :] for key in keys if key.startswith(f"{prefix}{projection}.")}
             weight = tensors.get(f"{prefix}{projection}.weight")
-            if weight is None or names - {"weight", "weight_scale_inv"}:
+            if weight is None or not (names <= {"weight", "weight_scale_inv"} or names <= {"weight", "weight_scale", "input_scale"}):
                 raise ValueError(
-                    f"{prefix}{projection}: expected weight (and FP8 block scales weight_scale_inv), got {sorted(names)}"
+                    f"{prefix}{projection}: expected weight, with FP8 block scales weight_scale_inv or FP8 weight_scale "
+                    f"(and input_scale), got {sorted(names)}"
                 )
-            scales = tensors.get(f"{prefix}{projection}.weight_scale_inv")
-            if scales is not None:
-                blocks = Fp8BlockExpertWeights(weight[None], Fp8BlockScales.from_checkpoint(scales[None]))
+            block_scales = tensors.get(f"{prefix}{projection}.weight_scale_inv")
+            scale = tensors.get(f"{prefix}{projection}.weight_scale")
+            if block_scales is not None:
+                blocks = Fp8BlockExpertWeights(weight[None], Fp8BlockScales.from_checkpoint(block_scales[None]))
                 weight = blocks.dequantize(self.dtype)[0]
+            elif scale is not None:
+                if scale.numel() not in (1, weight.shape[0]):
+                    raise ValueError(
+                        f"{prefix}{projection}.weight_scale: expected one scale or one per row ({weight.shape[0]}), "
+                        f"got {tuple(scale.shape)}"
+                    )
+                weight = weight.float() * scale.float().reshape(-1, 1)
             projections[projection] = weight.to(self.dtype).to(torch.device("cpu") if device is None else device)
         return SharedExpert.from_projections(
             gate=projections["gate_proj"], up=projections["up_proj"], down=projections["down_proj"],
             activation=self.semantics.activation,
         )
+
+    def shared_expert_keys(self, layer: int) -> list[str]:
+        """The names of ``layer``'s shared-expert tensors (none where the architecture or the layer has none): whether
+        :meth:`shared_expert` has one to read, without reading it."""
+        self._require_layer(layer)
+        if self.names.shared_expert is None:
+            return []
+        prefix = f"{self.block_prefix(layer)}.{self.names.shared_expert}."
+        return sorted(key for key in self.weight_map if key.startswith(prefix))
 
     def expert_keys(self, layer: int) -> list[tuple[str, int, ExpertShard, str]]:
         """``(tensor name, expert id, shard, name after the projection)`` of every expert tensor of ``layer``."""

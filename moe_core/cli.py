@@ -406,7 +406,7 @@ def _check_checkpoint(args: argparse.Namespace, plugin_errors: dict[str, str]) -
         f"intermediate {config.intermediate_size_per_partition}); {scheme.backend_summary()}; "
         f"{args.tokens} tokens of {args.dtype} routed by the checkpoint's router, seed {args.seed}"
     )
-    if checkpoint.shared_expert(layer) is not None:
+    if checkpoint.shared_expert_keys(layer):
         print(
             f"moe-core check: the routed experts only; layer {layer} also has a shared expert, which the model adds "
             "once per token (MoeCheckpoint.shared_expert)"

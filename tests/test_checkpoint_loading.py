@@ -6,6 +6,8 @@ import copy
 import json
 import pickle
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -433,3 +435,39 @@ def test_the_shared_expert_of_a_deepseek_layer_is_read_beside_its_routed_experts
     got = shared(x.to(checkpoint.dtype)).double()
     assert float((got - want).abs().max() / want.abs().max()) <= 2e-2  # bf16 weights and activations
     assert MoeCheckpoint(CT_NVFP4).shared_expert(0) is None
+
+
+def test_a_shared_expert_in_per_channel_fp8_is_read_and_named_by_check(tmp_path: Path, gen: torch.Generator) -> None:
+    """False refusal (adversarial pass 14, c06): ``moe-core check --checkpoint`` read the shared expert only to say
+    the layer has one, and a compressed-tensors FP8 shared expert (``weight_scale``, ``input_scale``) failed that read,
+    throwing the routed experts' check away. The check looks at the names now, and such a shared expert is read."""
+    source = FIXTURES / "deepseek_v3_fp8"
+    tensors = load_file(str(source / "model.safetensors"))
+    layer = MoeCheckpoint(source).moe_layers()[0]
+    prefix = f"model.layers.{layer}.mlp.shared_experts"
+    want = {}
+    for projection in ("gate_proj", "up_proj", "down_proj"):
+        rows, cols = tensors.pop(f"{prefix}.{projection}.weight").shape
+        tensors.pop(f"{prefix}.{projection}.weight_scale_inv")
+        values = torch.randn(rows, cols, generator=gen) / cols**0.5
+        scale = values.abs().amax(dim=1, keepdim=True) / 448
+        codes = (values / scale).to(torch.float8_e4m3fn)
+        tensors[f"{prefix}.{projection}.weight"] = codes
+        tensors[f"{prefix}.{projection}.weight_scale"] = scale
+        tensors[f"{prefix}.{projection}.input_scale"] = torch.tensor([0.05])
+        want[projection] = codes.double() * scale.double()
+    target = tmp_path / "deepseek_ct_fp8_shared"
+    target.mkdir()
+    (target / "config.json").write_text((source / "config.json").read_text())
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    checkpoint = MoeCheckpoint(target)
+    shared = checkpoint.shared_expert(layer)
+    assert shared is not None
+    wanted_w13 = torch.cat((want["gate_proj"], want["up_proj"])).to(checkpoint.dtype)
+    assert torch.equal(shared.w13, wanted_w13) and torch.equal(shared.w2, want["down_proj"].to(checkpoint.dtype))
+    result = subprocess.run(
+        [sys.executable, "-m", "moe_core", "check", "--checkpoint", str(target), "--tokens", "8", "--iters", "1"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "also has a shared expert" in result.stdout
