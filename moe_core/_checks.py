@@ -7,6 +7,8 @@ and never surfaces later as a silently wrong result on the hot path.
 
 from __future__ import annotations
 
+import functools
+
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -214,6 +216,20 @@ FINGERPRINT_PERIOD = 65521
 apart keep the weighted sum. Whole experts or rows of a real layer are never that far apart in a multiple (an
 expert's bytes are not a multiple of this prime); with 251 before, experts 251 apart were (256 experts)."""
 
+FINGERPRINT_SEED = 0x5EED
+"""The seed of the fingerprint's position weights: fixed, so a fingerprint means the same in every process."""
+
+
+@functools.cache
+def fingerprint_weights(device: torch.device) -> torch.Tensor:
+    """One period of position weights, int32 in ``[1, FINGERPRINT_PERIOD]`` (a byte times one stays below 2^24),
+    drawn at random once: weights that grow with the position (``1, 2, 3, ...``) cancel under a permutation of equal
+    slots whose moves sum to zero, ``[A, B, B, A] -> [B, A, A, B]`` (an expert rebalancing in place: adversarial
+    pass 14, c03), where random ones do not."""
+    generator = torch.Generator().manual_seed(FINGERPRINT_SEED)
+    weights = torch.randint(1, FINGERPRINT_PERIOD + 1, (FINGERPRINT_PERIOD,), generator=generator, dtype=torch.int32)
+    return weights.to(device)
+
 
 def _byte_span(tensor: torch.Tensor) -> torch.Tensor | None:
     """The bytes of storage from ``tensor``'s first element to its last, as one contiguous uint8 tensor, where they are
@@ -244,14 +260,14 @@ def _fingerprint(tensor: torch.Tensor) -> tuple[int, int] | None:
     """Two sums over a tensor's own bytes in its element order (:func:`_own_byte_runs`), plain and position-weighted
     (a different layer's weights, or the same bytes moved, change them); None where the values cannot be read.
 
-    Byte ``i`` weighs ``i % FINGERPRINT_PERIOD + 1``: the bytes are read as
+    Byte ``i`` weighs ``fingerprint_weights()[i % FINGERPRINT_PERIOD]``: the bytes are read as
     rows of one period where they line up with it, each row times the same
     int32 weights (a byte times a weight stays below 2^24), summed in int64.
     """
     if not values_readable(tensor) or tensor.numel() == 0:
         return None
     device = tensor.device
-    weights = torch.arange(1, FINGERPRINT_PERIOD + 1, dtype=torch.int32, device=device)
+    weights = fingerprint_weights(device)
     total = torch.zeros((), dtype=torch.int64, device=device)
     weighted = torch.zeros((), dtype=torch.int64, device=device)
     offset = 0

@@ -1201,14 +1201,14 @@ def test_a_staging_buffer_refilled_after_a_copying_conversion_runs_each_layer(ge
 
 def test_the_fingerprint_is_its_definition(gen: torch.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fingerprint read as period-long rows of int32 products (about 6x faster on a CPU than int64 positions)
-    equals its definition: the bytes' sum, and each byte times its position in the tensor's own bytes modulo 65521,
-    plus one. A layer's slice of an arena (runs that cross period boundaries) and reads of fewer bytes than a period
-    at a time (every piece a partial row) included."""
-    from moe_core._checks import FINGERPRINT_PERIOD, _fingerprint, _own_byte_runs
+    equals its definition: the bytes' sum, and each byte times the weight of its position in the tensor's own bytes
+    modulo 65521. A layer's slice of an arena (runs that cross period boundaries) and reads of fewer bytes than a
+    period at a time (every piece a partial row) included."""
+    from moe_core._checks import FINGERPRINT_PERIOD, _fingerprint, _own_byte_runs, fingerprint_weights
 
     def defined(tensor: torch.Tensor) -> tuple[int, int]:
         data = torch.cat(_own_byte_runs(tensor)).to(torch.int64)
-        places = torch.arange(data.numel()) % FINGERPRINT_PERIOD + 1
+        places = fingerprint_weights(tensor.device).to(torch.int64)[torch.arange(data.numel()) % FINGERPRINT_PERIOD]
         return int(data.sum()), int((data * places).sum())
 
     arena = torch.randn(4, 3, 333, 77, generator=gen)
@@ -1216,3 +1216,15 @@ def test_the_fingerprint_is_its_definition(gen: torch.Generator, monkeypatch: py
         assert _fingerprint(tensor) == defined(tensor)
     monkeypatch.setattr(moe_core._checks, "FINGERPRINT_CHUNK", 1000)
     assert _fingerprint(arena[:, 1]) == defined(arena[:, 1])
+
+
+def test_experts_rebalanced_in_place_change_the_fingerprint(gen: torch.Generator) -> None:
+    """Silent (adversarial pass 14, c03/c13): replicas ``[A, B, B, A]`` rewritten in place as ``[B, A, A, B]`` kept
+    both sums of the fingerprint where the position weights grew linearly (every move's offsets sum to zero), so an
+    FP8 layer bound on them ran the new codes with its copied old scales, 1.0-2.8 off. Random weights tell them apart,
+    for slots of any size below a period and above it."""
+    from moe_core._checks import _fingerprint
+
+    for slot in (64, 4096, 16384, 40000):
+        a, b = (torch.randint(0, 256, (slot,), generator=gen, dtype=torch.uint8) for _ in range(2))
+        assert _fingerprint(torch.cat((a, b, b, a))) != _fingerprint(torch.cat((b, a, a, b)))
