@@ -364,15 +364,56 @@ def require_unwritten_since_built(path: str, holder: object) -> None:
 H = TypeVar("H")
 
 
+FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+@attrs.frozen(eq=False)
+class Float8Bytes:
+    """A float8 tensor as its bytes and dtype's name, for pickles: torch pickles float8 tensors, but plain
+    ``pickle.loads`` of one fails inside torch (``UntypedStorage has no attribute 'dtype'``, torch 2.13)."""
+
+    data: torch.Tensor
+    dtype: str
+
+    def tensor(self) -> torch.Tensor:
+        """The float8 tensor again."""
+        dtype = next(kind for kind in FLOAT8_DTYPES if str(kind) == self.dtype)
+        return self.data.view(dtype)
+
+
+def portable_tensor(tensor: torch.Tensor) -> torch.Tensor | Float8Bytes:
+    """``tensor`` as a pickle carries it: a float8 one as :class:`Float8Bytes`."""
+    return Float8Bytes(tensor.view(torch.uint8), str(tensor.dtype)) if tensor.dtype in FLOAT8_DTYPES else tensor
+
+
+def tensor_again(value: torch.Tensor | Float8Bytes) -> torch.Tensor:
+    """The inverse of :func:`portable_tensor`."""
+    return value.tensor() if isinstance(value, Float8Bytes) else value
+
+
+def portable(value: object) -> object:
+    """``value`` as a pickle carries it: a tensor through :func:`portable_tensor`, anything else as it is."""
+    return portable_tensor(value) if isinstance(value, torch.Tensor) else value
+
+
+def unpickled(value: object) -> object:
+    """The inverse of :func:`portable`."""
+    return tensor_again(value) if isinstance(value, Float8Bytes) else value
+
+
 def built_again(kind: type[H], fields: dict[str, object]) -> H:
-    """``kind(**fields)``: a copy or unpickled weight object built through its constructor (:func:`reduce_rebuilt`)."""
-    return kind(**fields)
+    """``kind(**fields)``: a copy or unpickled weight object built through its constructor (:func:`reduce_rebuilt`),
+    its float8 tensors carried as bytes (:func:`portable`)."""
+    return kind(**{name: unpickled(value) for name, value in fields.items()})
 
 
-def reduce_rebuilt(holder: attrs.AttrsInstance, path: str) -> tuple[Callable[..., object], tuple[object, ...]]:
+def reduce_rebuilt(holder: object, path: str) -> tuple[Callable[..., object], tuple[object, ...]]:
     """``__reduce__`` of an attrs weight object that records its tensors (:func:`record_built`): refuse one written
     in place since it was built (its copy would run the new contents), and build the copy through the constructor,
     which checks and records the copy's own tensors."""
-    require_unwritten_since_built(path, holder)
     kind = type(holder)
-    return built_again, (kind, {field.alias: getattr(holder, field.name) for field in attrs.fields(kind) if field.init})
+    if not attrs.has(kind):
+        raise TypeError(f"{path}: only attrs weight objects are built again from their fields")
+    require_unwritten_since_built(path, holder)
+    fields = {field.alias: portable(getattr(holder, field.name)) for field in attrs.fields(kind) if field.init}
+    return built_again, (kind, fields)

@@ -14,7 +14,7 @@ under a named :class:`~moe_core.global_scales.ExpertScalePolicy`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar, Protocol, final
 
 import attrs
@@ -22,6 +22,7 @@ import torch
 
 from moe_core._checks import (
     record_built,
+    reduce_rebuilt,
     require_dtype,
     require_finite,
     require_ndim,
@@ -287,6 +288,11 @@ class _Fp8Stack:
         require_finite(name, self.codes)
         _refuse_misscaled_codes(name, self.codes)
         record_built(self, "codes", self.codes)
+
+    def __reduce__(self) -> tuple[Callable[..., object], tuple[object, ...]]:
+        """Copies and pickles are built again through the constructor, the codes carried as bytes (plain pickle
+        cannot load a float8 tensor)."""
+        return reduce_rebuilt(self, type(self).__name__)
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -26,17 +26,22 @@ from moe_core import (
     Support,
     Tier,
     ExpertScalePolicy,
+    Fp8BlockMoeWeights,
+    Fp8ChannelMoeWeights,
+    Fp8MoeWeights,
     GateUpScalePolicy,
     MoeRunnerConfig,
     StandardDispatchOutput,
     create_runner,
     register_backend,
+    route,
     select_experts,
 )
 from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
 from moe_core.checkpoint import CorruptCheckpoint, MoeCheckpoint
+from moe_core.registry import BoundRunner
 from moe_core.expert_params import ExpertShard
-from moe_core.scheme import UnsupportedCheckpoint
+from moe_core.scheme import ExpertScheme, UnsupportedCheckpoint
 from moe_core.schemes.compressed_tensors_w4a4_nvfp4 import CompressedTensorsW4A4Nvfp4MoE
 from tests.checkpoint_oracles import (
     CT_NVFP4,
@@ -471,3 +476,28 @@ def test_a_shared_expert_in_per_channel_fp8_is_read_and_named_by_check(tmp_path:
     )
     assert result.returncode == 0, result.stderr
     assert "also has a shared expert" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("fixture", "backend"),
+    [
+        ("qwen3_moe_fp8", "reference-fp8"), ("qwen3_moe_fp8", "triton-fp8"),
+        ("qwen3_moe_fp8_dynamic", "reference-fp8-channel"), ("qwen3_moe_fp8_dynamic", "triton-fp8"),
+        ("deepseek_v3_fp8", "reference-fp8-block"), ("deepseek_v3_fp8", "triton-fp8-block"),
+    ],
+)
+def test_fp8_layers_travel_through_plain_pickle(fixture: str, backend: str, gen: torch.Generator) -> None:
+    """Raw (adversarial pass 14, c04): ``pickle.loads`` of any FP8 layer failed inside torch ("UntypedStorage has no
+    attribute 'dtype'": torch 2.13 unpickles no float8 storage), in the receiving process. FP8 codes travel as bytes
+    and are built again through their constructors."""
+    checkpoint = MoeCheckpoint(FIXTURES / fixture)
+    layer = checkpoint.moe_layers()[0]
+    scheme = checkpoint.load_layer(layer, backend=backend, keep_canonical=True)
+    assert isinstance(scheme, ExpertScheme) and isinstance(scheme.forward, BoundRunner)
+    x = torch.randn(3, checkpoint.hidden_size, generator=gen).to(torch.bfloat16)
+    dispatch = StandardDispatchOutput(x, route(x, checkpoint.router(layer), scheme.config))
+    forward, weights = pickle.loads(pickle.dumps((scheme.forward, scheme.weights)))
+    assert torch.equal(forward(dispatch), scheme.forward(dispatch))
+    fp8 = (Fp8MoeWeights, Fp8ChannelMoeWeights, Fp8BlockMoeWeights)
+    assert isinstance(weights, fp8) and isinstance(scheme.weights, fp8) and type(weights) is type(scheme.weights)
+    assert torch.equal(weights.w2.codes.view(torch.uint8), scheme.weights.w2.codes.view(torch.uint8))

@@ -29,6 +29,7 @@ FC1 rows are ``[up; gate]`` for this kernel (FlashInfer's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import final
 
 import attrs
@@ -47,7 +48,7 @@ from moe_core import (
     QuantizeGlobalScale,
     SwizzledBlockScales,
 )
-from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
+from moe_core._checks import reduce_rebuilt, require_dtype, require_ndim, require_same_device, require_tensor
 from moe_core.backends._flashinfer import ExpertKernelScalars, require_row_alignment
 from moe_core.fp8 import quantize_fp8
 
@@ -84,6 +85,11 @@ class _UnpackedExperts:
                 f"{owner}.fc2: expected shape {(experts, hidden, rows // 2)} to match fc1 "
                 f"{tuple(self.fc1.shape)}, got {tuple(self.fc2.shape)}"
             )
+
+    def __reduce__(self) -> tuple[Callable[..., object], tuple[object, ...]]:
+        """Copies and pickles are built again through the constructor, FP8 experts carried as bytes (plain pickle
+        cannot load a float8 tensor)."""
+        return reduce_rebuilt(self, type(self).__name__)
 
     @property
     def num_experts(self) -> int:

@@ -20,6 +20,7 @@ block, and its activations are always quantized per token and 128-column group.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import final
 
 import attrs
@@ -39,7 +40,16 @@ from moe_core import (
     Nvfp4ExpertWeights,
     Nvfp4W4A16MoeWeights,
 )
-from moe_core._checks import require_dtype, require_ndim, require_same_device, require_tensor
+from moe_core._checks import (
+    Float8Bytes,
+    portable_tensor,
+    reduce_rebuilt,
+    require_dtype,
+    require_ndim,
+    require_same_device,
+    require_tensor,
+    tensor_again,
+)
 from moe_core.fp8 import FP8_BLOCK
 from moe_core._halves import joined_halves
 from moe_core.formats._experts import TensorExperts
@@ -331,6 +341,14 @@ class TritonFp8Weights(TensorExperts):
             "which pair the weights with the activations' scheme of their format"
         )
 
+    def __reduce__(self) -> tuple[Callable[..., TritonFp8Weights], tuple[object, ...]]:
+        """Copies and pickles are built again through :meth:`_of`, the codes carried as bytes (plain pickle cannot
+        load a float8 tensor)."""
+        return _fp8_weights_again, (
+            portable_tensor(self.w13), self.w13_scales, portable_tensor(self.w2), self.w2_scales, self.activations,
+            self.accumulation,
+        )
+
     @classmethod
     def _of(
         cls,
@@ -399,6 +417,17 @@ class TritonFp8Weights(TensorExperts):
         )
 
 
+def _fp8_weights_again(
+    w13: torch.Tensor | Float8Bytes, w13_scales: Fp8ChannelScales, w2: torch.Tensor | Float8Bytes,
+    w2_scales: Fp8ChannelScales, activations: Fp8Activations, accumulation: Fp8Accumulation,
+) -> TritonFp8Weights:
+    """A copied or unpickled :class:`TritonFp8Weights`, checked by :meth:`TritonFp8Weights._of`."""
+    return TritonFp8Weights._of(
+        w13=tensor_again(w13), w13_scales=w13_scales, w2=tensor_again(w2), w2_scales=w2_scales, activations=activations,
+        accumulation=accumulation,
+    )
+
+
 @final
 @attrs.frozen(eq=False, kw_only=True)
 class TritonFp8BlockWeights(TensorExperts):
@@ -423,6 +452,10 @@ class TritonFp8BlockWeights(TensorExperts):
         require_same_device(
             [("w13", self.w13), ("w2", self.w2), ("w13_scales", self.w13_scales.value), ("w2_scales", self.w2_scales.value)]
         )
+
+    def __reduce__(self) -> tuple[Callable[..., object], tuple[object, ...]]:
+        """Copies and pickles are built again through the constructor, the codes carried as bytes."""
+        return reduce_rebuilt(self, "TritonFp8BlockWeights")
 
     @classmethod
     def from_fp8_block(cls, weights: Fp8BlockMoeWeights) -> TritonFp8BlockWeights:
