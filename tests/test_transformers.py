@@ -12,6 +12,7 @@ counts), then swapped: the swapped block must match the original within
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 
 import pytest
@@ -596,6 +597,34 @@ def test_the_phimoe_swap_asks_its_router_without_drawing_from_the_callers_random
     swap_moe_blocks(_Holder(block, _config("phimoe")))
     assert torch.equal(torch.rand(4), want)
     assert block.get_submodule("router").training
+
+
+@pytest.mark.parametrize("where", ["", ".gate", ".experts"])
+def test_a_block_with_the_callers_hooks_is_refused(gen: torch.Generator, where: str) -> None:
+    """Silent (adversarial pass 14, c08): a steering hook on the block, a pruning hook on its router or a pre-hook
+    scaling its experts' input ran no more after the swap (1.27-1.44 and 3e-2 off the hooked model). They are refused
+    by name, the model left as it was; transformers' own output-capturing hooks are not the caller's."""
+    block = _block("mixtral", gen)
+    holder = _Holder(block, CONFIGS["mixtral"]())
+
+    def steer(module: nn.Module, args: tuple[object, ...], output: object) -> None:
+        return None
+
+    handle = block.get_submodule(where.lstrip(".")).register_forward_hook(steer)
+    with pytest.raises(ValueError, match=rf"mlp{re.escape(where)}: has 1 forward hook\(s\) or pre-hook\(s\) \(.*steer\)"):
+        swap_moe_blocks(holder)
+    assert holder.mlp is block
+    handle.remove()
+    swap_moe_blocks(holder)
+    assert isinstance(holder.mlp, MoeCoreBlock)
+
+
+def test_transformers_output_capturing_hooks_do_not_stop_the_swap() -> None:
+    model = transformers.Qwen3MoeForCausalLM(CONFIGS["qwen3_moe"](num_hidden_layers=1)).eval()
+    with torch.no_grad():
+        model(torch.randint(0, 64, (1, 4)), output_router_logits=True)  # transformers hooks the router to record it
+    assert model.get_submodule("model.layers.0.mlp.gate")._forward_hooks
+    swap_moe_blocks(model)
 
 
 def test_model_without_covered_block_is_refused() -> None:

@@ -940,6 +940,7 @@ def swap_moe_blocks(
         )
     built = []
     for path, block in blocks:  # every layer built before any block is replaced: a refusal leaves the model as it was
+        _refuse_hooks(path, block)
         family = FAMILIES[type(block).__name__]
         parts = family.read(block, config)
         layer = dense_layer(
@@ -959,6 +960,23 @@ def swap_moe_blocks(
         setattr(model.get_submodule(parent_path), name, replacement)
     model.register_forward_pre_hook(_refuse_router_logits, with_kwargs=True)
     return tuple(SwappedBlock(path, block.family, block.layer.backend) for path, block in built)
+
+
+def _refuse_hooks(path: str, block: nn.Module) -> None:
+    """A ValueError naming the first module of ``block`` with a forward hook or pre-hook of the caller's (steering,
+    pruning, monitoring): the swapped block runs none of them, so the model would compute without them, silently
+    (adversarial pass 14, c08: 1.27-1.44 off under a steering hook). transformers' own output-capturing hooks, which
+    record router logits the swap refuses anyway, are let be."""
+    for name, module in block.named_modules():
+        hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+        theirs = [hook for hook in hooks if not str(getattr(hook, "__module__", "")).startswith("transformers.")]
+        if theirs:
+            where = f"{path}.{name}" if name else path
+            raise ValueError(
+                f"{where}: has {len(theirs)} forward hook(s) or pre-hook(s) ({getattr(theirs[0], '__qualname__', theirs[0])}), "
+                "which the swapped block would not run; remove them before swap_moe_blocks and register them on the "
+                "swapped block"
+            )
 
 
 def _refuse_router_logits(
