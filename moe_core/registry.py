@@ -256,24 +256,49 @@ def _dispatch_tensors(dispatch: DispatchOutput) -> list[tuple[str, torch.Tensor]
     return [("hidden_states", dispatch.hidden_states), ("topk_ids", topk.topk_ids), ("topk_weights", topk.topk_weights)]
 
 
-def _held(path: str, value: object) -> list[tuple[str, object]]:
-    """``value`` and what it holds through attrs or dataclass fields, tuples, lists, mappings and modules' parameters
-    and buffers, each with its path from ``path``."""
+def _held(path: str, value: object, seen: set[int] | None = None) -> list[tuple[str, object]]:
+    """``value`` and what it holds through attrs or dataclass fields, a plain class's attributes (its ``__dict__`` and
+    ``__slots__``: a plugin's quant info need not be an attrs class), tuples, lists, mappings and modules' parameters
+    and buffers, each with its path from ``path``; each object once."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
     if isinstance(value, (tuple, list)):
-        return [found for index, item in enumerate(value) for found in _held(f"{path}[{index}]", item)]
+        return [found for index, item in enumerate(value) for found in _held(f"{path}[{index}]", item, seen)]
     if isinstance(value, Mapping):
-        return [(path, value)] + [found for key, item in value.items() for found in _held(f"{path}[{key!r}]", item)]
+        return [(path, value)] + [found for key, item in value.items() for found in _held(f"{path}[{key!r}]", item, seen)]
     if isinstance(value, torch.nn.Module):
         tensors = value.state_dict(keep_vars=True).items()
-        return [(path, value)] + [found for key, item in tensors for found in _held(f"{path}.{key}", item)]
+        return [(path, value)] + [found for key, item in tensors for found in _held(f"{path}.{key}", item, seen)]
     kind = type(value)
     if attrs.has(kind):
         names = [field.name for field in attrs.fields(kind)]
     elif dataclasses.is_dataclass(kind):
         names = [field.name for field in dataclasses.fields(kind)]
     else:
-        return [(path, value)]
-    return [(path, value)] + [found for name in names for found in _held(f"{path}.{name.lstrip('_')}", getattr(value, name))]
+        names = _attributes(value)
+    return [(path, value)] + [
+        found for name in names for found in _held(f"{path}.{name.lstrip('_')}", getattr(value, name), seen)
+    ]
+
+
+_LEAF_MODULES = ("builtins", "torch", "enum", "functools", "typing", "types", "abc")
+"""Where the classes come from whose objects :func:`_held` does not look into (tensors, dtypes, devices, enums,
+functions and the like hold no weights of a quant info's)."""
+
+
+def _attributes(value: object) -> list[str]:
+    """A plain object's attribute names, from its ``__dict__`` and every class's ``__slots__``; none for a class, a
+    function, a module, or an object of the standard library's or torch's classes."""
+    kind = type(value)
+    if isinstance(value, type) or kind.__module__.split(".")[0] in _LEAF_MODULES or callable(value):
+        return []
+    names = list(getattr(value, "__dict__", {}))
+    for klass in kind.__mro__:
+        slots = getattr(klass, "__slots__", ())
+        names += [slots] if isinstance(slots, str) else [name for name in slots if name not in ("__dict__", "__weakref__")]
+    return [name for name in dict.fromkeys(names) if hasattr(value, name)]
 
 
 def refuse_writes_since_built(held: list[tuple[str, object]]) -> None:

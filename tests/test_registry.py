@@ -40,6 +40,7 @@ from moe_core import (
     register_backend,
     registered_backends,
     select_backend,
+    select_experts,
 )
 from moe_core import registry
 from moe_core.backends.reference import (
@@ -442,3 +443,59 @@ def test_a_key_bound_directly_asks_its_backend(gen: torch.Generator) -> None:
     honest.bind(CONFIG, weights)(dispatch)
     with pytest.raises(BackendSelectionError, match="backend 'test-no-scaling' cannot run this layer: no output scale"):
         honest.bind(attrs.evolve(CONFIG, routed_scaling_factor=2.5), weights)
+
+
+class _PlainWeights:
+    """A plugin's quant info as a plain class (the QuantInfo protocol asks for no attrs class)."""
+
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
+        self.w13, self._w2 = w13, w2
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.w13.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.w13.shape[2])
+
+    @property
+    def intermediate_size(self) -> int:
+        return int(self._w2.shape[2])
+
+    @property
+    def device(self) -> torch.device:
+        return self.w13.device
+
+
+class _SlotWeights(_PlainWeights):
+    """The same with ``__slots__`` (no ``__dict__`` of its own beyond the base's)."""
+
+    __slots__ = ("extra",)
+
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
+        super().__init__(w13, w2)
+        self.extra = (w2,)
+
+
+@attrs.frozen
+class _PlainRunner:
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: _PlainWeights, /) -> torch.Tensor:
+        return torch.zeros_like(dispatch.hidden_states)
+
+
+@pytest.mark.parametrize("kind", [_PlainWeights, _SlotWeights])
+def test_a_plain_class_quant_info_has_its_tensors_watched(kind: type[_PlainWeights]) -> None:
+    """Silent (adversarial pass 14, c12): a plugin's quant info of a plain or ``__slots__`` class held its tensors
+    unwatched, so a staging buffer refilled with the next layer after binding ran that layer's weights (1.17-1.58
+    off). Their attributes are walked as attrs fields are."""
+    config = MoeRunnerConfig(num_experts=2, hidden_size=8, intermediate_size_per_partition=4, top_k=1)
+    w13, w2 = torch.randn(2, 8, 8), torch.randn(2, 8, 4)
+    bound = BoundRunner(_PlainRunner(config), kind(w13, w2))
+    dispatch = StandardDispatchOutput(torch.randn(3, 8), select_experts(torch.randn(3, 2), config))
+    bound(dispatch)
+    w2.mul_(2.0)  # the staging buffer refilled
+    with pytest.raises(RuntimeError, match=rf"{kind.__name__}\.(w2|extra\[0\]): written in place"):
+        bound(dispatch)
