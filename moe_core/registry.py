@@ -25,6 +25,7 @@ with its reason.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import pkgutil
 import re
@@ -140,7 +141,8 @@ class BoundRunner(Generic[Q]):
                 raise RuntimeError(
                     f"{path}: written in place after its weights were built ({writes} write(s), e.g. a staging "
                     "buffer reused for the next layer's weights): bound weights are immutable; bind new ones (a scheme "
-                    "reloads through its loader)"
+                    "reloads through its loader); a workspace or engine state written between calls belongs in the "
+                    "runner, not in the quant info"
                 )
 
     def _require_supported(self, judge: BackendAnswer, dtype: torch.dtype) -> None:
@@ -268,9 +270,13 @@ def _held(path: str, value: object, seen: set[int] | None = None) -> list[tuple[
         return [found for index, item in enumerate(value) for found in _held(f"{path}[{index}]", item, seen)]
     if isinstance(value, Mapping):
         return [(path, value)] + [found for key, item in value.items() for found in _held(f"{path}[{key!r}]", item, seen)]
-    if isinstance(value, torch.nn.Module):
-        tensors = value.state_dict(keep_vars=True).items()
-        return [(path, value)] + [found for key, item in tensors for found in _held(f"{path}.{key}", item, seen)]
+    if isinstance(value, torch.nn.Module):  # parameters and buffers (non-persistent ones too), then its own attributes
+        tensors = [*value.named_parameters(), *value.named_buffers()]
+        found = [(path, value)] + [found for key, item in tensors for found in _held(f"{path}.{key}", item, seen)]
+        names = [name for name in vars(value) if not name.startswith("_") and name != "training"]
+        return found + [found for name in names for found in _held(f"{path}.{name}", getattr(value, name), seen)]
+    if isinstance(value, functools.partial):
+        return [(path, value)] + _held(f"{path}.args", value.args, seen) + _held(f"{path}.keywords", value.keywords, seen)
     kind = type(value)
     if attrs.has(kind):
         names = [field.name for field in attrs.fields(kind)]
@@ -283,16 +289,16 @@ def _held(path: str, value: object, seen: set[int] | None = None) -> list[tuple[
     ]
 
 
-_LEAF_MODULES = ("builtins", "torch", "enum", "functools", "typing", "types", "abc")
+_LEAF_MODULES = ("builtins", "torch", "enum", "typing", "abc")
 """Where the classes come from whose objects :func:`_held` does not look into (tensors, dtypes, devices, enums,
-functions and the like hold no weights of a quant info's)."""
+functions, classes and modules hold no weights of a quant info's)."""
 
 
 def _attributes(value: object) -> list[str]:
-    """A plain object's attribute names, from its ``__dict__`` and every class's ``__slots__``; none for a class, a
-    function, a module, or an object of the standard library's or torch's classes."""
+    """A plain object's attribute names (a ``SimpleNamespace``'s too), from its ``__dict__`` and every class's
+    ``__slots__``; none for an object of builtins' or torch's classes (a function, a class, a tensor, a dtype)."""
     kind = type(value)
-    if isinstance(value, type) or kind.__module__.split(".")[0] in _LEAF_MODULES or callable(value):
+    if kind.__module__.split(".")[0] in _LEAF_MODULES:
         return []
     names = list(getattr(value, "__dict__", {}))
     for klass in kind.__mro__:

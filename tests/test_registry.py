@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from importlib.metadata import EntryPoint, entry_points
 
 import attrs
@@ -445,11 +447,28 @@ def test_a_key_bound_directly_asks_its_backend(gen: torch.Generator) -> None:
         honest.bind(attrs.evolve(CONFIG, routed_scaling_factor=2.5), weights)
 
 
+class _Buffers(torch.nn.Module):
+    """A module holding a tensor as a non-persistent buffer (not in its state dict)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("held", tensor, persistent=False)
+
+
+HOLDERS: dict[str, Callable[[torch.Tensor], object]] = {
+    "attribute": lambda w2: w2,
+    "namespace": lambda w2: types.SimpleNamespace(w2=w2),
+    "partial": lambda w2: functools.partial(torch.add, w2),
+    "module buffer": _Buffers,
+}
+"""Where a plain quant info keeps its ``w2``: as an attribute, or inside a namespace, a partial or a module."""
+
+
 class _PlainWeights:
     """A plugin's quant info as a plain class (the QuantInfo protocol asks for no attrs class)."""
 
-    def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
-        self.w13, self._w2 = w13, w2
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor, how: str) -> None:
+        self.w13, self._inter, self.held = w13, int(w2.shape[2]), HOLDERS[how](w2)
 
     @property
     def num_experts(self) -> int:
@@ -461,7 +480,7 @@ class _PlainWeights:
 
     @property
     def intermediate_size(self) -> int:
-        return int(self._w2.shape[2])
+        return self._inter
 
     @property
     def device(self) -> torch.device:
@@ -473,8 +492,9 @@ class _SlotWeights(_PlainWeights):
 
     __slots__ = ("extra",)
 
-    def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
-        super().__init__(w13, w2)
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor, how: str) -> None:
+        super().__init__(w13, w2[:, :1], how)
+        self._inter = int(w2.shape[2])
         self.extra = (w2,)
 
 
@@ -486,16 +506,17 @@ class _PlainRunner:
         return torch.zeros_like(dispatch.hidden_states)
 
 
+@pytest.mark.parametrize("how", sorted(HOLDERS))
 @pytest.mark.parametrize("kind", [_PlainWeights, _SlotWeights])
-def test_a_plain_class_quant_info_has_its_tensors_watched(kind: type[_PlainWeights]) -> None:
-    """Silent (adversarial pass 14, c12): a plugin's quant info of a plain or ``__slots__`` class held its tensors
-    unwatched, so a staging buffer refilled with the next layer after binding ran that layer's weights (1.17-1.58
-    off). Their attributes are walked as attrs fields are."""
+def test_a_plain_class_quant_info_has_its_tensors_watched(kind: type[_PlainWeights], how: str) -> None:
+    """Silent (adversarial passes 14 and 15, c12, c02): a plugin's quant info of a plain or ``__slots__`` class held its
+    tensors unwatched, also behind a namespace, a partial or a module's non-persistent buffer, so a staging buffer
+    refilled with the next layer after binding ran that layer's weights (1.17-1.66 off). They are walked now."""
     config = MoeRunnerConfig(num_experts=2, hidden_size=8, intermediate_size_per_partition=4, top_k=1)
     w13, w2 = torch.randn(2, 8, 8), torch.randn(2, 8, 4)
-    bound = BoundRunner(_PlainRunner(config), kind(w13, w2))
+    bound = BoundRunner(_PlainRunner(config), kind(w13, w2, how))
     dispatch = StandardDispatchOutput(torch.randn(3, 8), select_experts(torch.randn(3, 2), config))
     bound(dispatch)
     w2.mul_(2.0)  # the staging buffer refilled
-    with pytest.raises(RuntimeError, match=rf"{kind.__name__}\.(w2|extra\[0\]): written in place"):
+    with pytest.raises(RuntimeError, match=rf"{kind.__name__}\.\S+: written in place"):
         bound(dispatch)
