@@ -29,6 +29,7 @@ from typing import TypeVar, final
 import attrs
 import torch
 from torch import nn
+from torch.nn.modules import module as module_hooks
 
 from moe_core.capability import DeviceSpec
 from moe_core.config import (
@@ -962,20 +963,43 @@ def swap_moe_blocks(
     return tuple(SwappedBlock(path, block.family, block.layer.backend) for path, block in built)
 
 
+_OWN_CODE = ("transformers.", "torch.")
+"""Where the forwards and hooks a swap may leave behind come from: transformers' own (its output-capturing hooks record
+router logits the swap refuses anyway) and torch's."""
+
+
+def _theirs(function: object) -> bool:
+    """Whether ``function`` is the caller's rather than transformers' or torch's."""
+    return not str(getattr(function, "__module__", "")).startswith(_OWN_CODE)
+
+
 def _refuse_hooks(path: str, block: nn.Module) -> None:
-    """A ValueError naming the first module of ``block`` with a forward hook or pre-hook of the caller's (steering,
-    pruning, monitoring): the swapped block runs none of them, so the model would compute without them, silently
-    (adversarial pass 14, c08: 1.27-1.44 off under a steering hook). transformers' own output-capturing hooks, which
-    record router logits the swap refuses anyway, are let be."""
+    """A ValueError naming what of the caller's would change ``block``'s computation and not run once swapped: a forward
+    hook or pre-hook on it or its modules, one registered for every module, or a forward replaced on an instance
+    (accelerate's hooks) or on a class (steering, pruning, monitoring, device placement: the model would compute
+    without them, silently; adversarial passes 14 and 15: 1.27-1.44 off under a steering hook)."""
+    global_hooks = [*module_hooks._global_forward_hooks.values(), *module_hooks._global_forward_pre_hooks.values()]
+    theirs = [hook for hook in global_hooks if _theirs(hook)]
+    if theirs:
+        raise ValueError(
+            f"{path}: {len(theirs)} forward hook(s) registered for every module "
+            f"({getattr(theirs[0], '__qualname__', theirs[0])}) would no longer see the block's router and experts once "
+            "swapped; remove them before swap_moe_blocks"
+        )
     for name, module in block.named_modules():
-        hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
-        theirs = [hook for hook in hooks if not str(getattr(hook, "__module__", "")).startswith("transformers.")]
-        if theirs:
-            where = f"{path}.{name}" if name else path
+        where = f"{path}.{name}" if name else path
+        hooks = [hook for hook in (*module._forward_hooks.values(), *module._forward_pre_hooks.values()) if _theirs(hook)]
+        if hooks:
             raise ValueError(
-                f"{where}: has {len(theirs)} forward hook(s) or pre-hook(s) ({getattr(theirs[0], '__qualname__', theirs[0])}), "
+                f"{where}: has {len(hooks)} forward hook(s) or pre-hook(s) ({getattr(hooks[0], '__qualname__', hooks[0])}), "
                 "which the swapped block would not run; remove them before swap_moe_blocks and register them on the "
                 "swapped block"
+            )
+        if "forward" in vars(module) or _theirs(type(module).forward):
+            raise ValueError(
+                f"{where}: its forward was replaced (on the {'instance' if 'forward' in vars(module) else 'class'}, as "
+                "accelerate's hooks or a patch do), which the swapped block would not run; swap the model as "
+                "transformers builds it"
             )
 
 
