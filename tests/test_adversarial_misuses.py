@@ -1228,3 +1228,18 @@ def test_experts_rebalanced_in_place_change_the_fingerprint(gen: torch.Generator
     for slot in (64, 4096, 16384, 40000):
         a, b = (torch.randint(0, 256, (slot,), generator=gen, dtype=torch.uint8) for _ in range(2))
         assert _fingerprint(torch.cat((a, b, b, a))) != _fingerprint(torch.cat((b, a, a, b)))
+
+
+def test_a_triton_quant_info_over_a_refilled_staging_buffer_is_refused_at_binding() -> None:
+    """Silent (adversarial pass 15, c04): Triton quant infos built in a loader over its staging buffer, then bound
+    after the buffer was refilled with the next layer, ran that layer (1.35-1.58 off); they record their tensors as
+    they are built now, as the canonical weights do, and binding refuses the write by name."""
+    from moe_core.backends.triton import TRITON_DENSE
+    from moe_core.backends.triton.quant_info import TritonDenseWeights
+
+    config = MoeRunnerConfig(num_experts=2, hidden_size=32, intermediate_size_per_partition=16, top_k=1)
+    staging_w13, staging_w2 = torch.randn(2, 32, 32, dtype=torch.bfloat16), torch.randn(2, 32, 16, dtype=torch.bfloat16)
+    first = TritonDenseWeights(w13=staging_w13, w2=staging_w2)
+    staging_w13.copy_(torch.randn(2, 32, 32))  # the next layer's weights
+    with pytest.raises(RuntimeError, match=r"TritonDenseWeights\.w13: written in place after its weights were built"):
+        BoundRunner(moe_core.create_runner(TRITON_DENSE, config), first)
