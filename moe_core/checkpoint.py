@@ -508,6 +508,8 @@ class MoeCheckpoint:
                 )
             block_scales = tensors.get(f"{prefix}{projection}.weight_scale_inv")
             scale = tensors.get(f"{prefix}{projection}.weight_scale")
+            if weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and block_scales is None and scale is None:
+                raise ValueError(f"{prefix}{projection}.weight: FP8 codes without their weight_scale or weight_scale_inv")
             if block_scales is not None:
                 blocks = Fp8BlockExpertWeights(weight[None], Fp8BlockScales.from_checkpoint(block_scales[None]))
                 weight = blocks.dequantize(self.dtype)[0]

@@ -89,6 +89,11 @@ class CompressedTensorsFp8MoE(ExpertScheme[Fp8MoeWeights]):
         )
 
 
+def _per_row_shape(out: int, cols: int) -> tuple[int, ...]:
+    """One scale per output row (a module-level function, not a lambda: a scheme pickles with its layouts)."""
+    return out, 1
+
+
 class CompressedTensorsFp8DynamicMoE(ExpertScheme[Fp8ChannelMoeWeights]):
     """One MoE layer of a compressed-tensors ``FP8_DYNAMIC`` checkpoint (per-channel weights, per-token inputs)."""
 
@@ -102,7 +107,7 @@ class CompressedTensorsFp8DynamicMoE(ExpertScheme[Fp8ChannelMoeWeights]):
         activation_dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         """Create the layer's tensors on ``device``; ``backend`` forces a backend fed from per-channel FP8 weights."""
-        channel = ShapedLayout(lambda out, cols: (out, 1), "[out_features, 1]")
+        channel = ShapedLayout(_per_row_shape, "[out_features, 1]")
         specs = (_WEIGHT, ParamSpec("weight_scale", torch.float32, channel, upcast_from=_NARROW))
         super().__init__(
             DYNAMIC, FP8_CHANNEL, specs, config, device, backend=backend, strict=strict, activation_dtype=activation_dtype

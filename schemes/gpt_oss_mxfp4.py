@@ -26,9 +26,22 @@ from moe_core.expert_params import ParamSpec, ShapedLayout
 from moe_core.scheme import ExpertScheme, SchemeOptions, SchemeSpec
 
 NAME = "gpt-oss-mxfp4"
-_BLOCKS = ShapedLayout(lambda out, cols: (out, cols // MXFP4_BLOCK, MXFP4_BLOCK // 2), "[out_features, in_features / 32, 16]")
-_SCALES = ShapedLayout(lambda out, cols: (out, cols // MXFP4_BLOCK), "[out_features, in_features / 32]")
-_BIAS = ShapedLayout(lambda out, cols: (out,), "[out_features]")
+def _blocks_shape(out: int, cols: int) -> tuple[int, ...]:
+    return out, cols // MXFP4_BLOCK, MXFP4_BLOCK // 2
+
+
+def _scales_shape(out: int, cols: int) -> tuple[int, ...]:
+    return out, cols // MXFP4_BLOCK
+
+
+def _bias_shape(out: int, cols: int) -> tuple[int, ...]:
+    return (out,)
+
+
+# module-level functions, not lambdas: a scheme pickles with its layouts
+_BLOCKS = ShapedLayout(_blocks_shape, "[out_features, in_features / 32, 16]")
+_SCALES = ShapedLayout(_scales_shape, "[out_features, in_features / 32]")
+_BIAS = ShapedLayout(_bias_shape, "[out_features]")
 
 
 class GptOssMxfp4MoE(ExpertScheme[Mxfp4MoeWeights]):

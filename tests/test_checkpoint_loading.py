@@ -501,3 +501,34 @@ def test_fp8_layers_travel_through_plain_pickle(fixture: str, backend: str, gen:
     fp8 = (Fp8MoeWeights, Fp8ChannelMoeWeights, Fp8BlockMoeWeights)
     assert isinstance(weights, fp8) and isinstance(scheme.weights, fp8) and type(weights) is type(scheme.weights)
     assert torch.equal(weights.w2.codes.view(torch.uint8), scheme.weights.w2.codes.view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    "fixture",
+    ["qwen3_moe_bf16", "qwen3_moe_nvfp4", "qwen3_moe_fp8", "qwen3_moe_fp8_dynamic", "deepseek_v3_fp8", "gpt_oss_mxfp4"],
+)
+def test_every_loaded_scheme_travels_through_plain_pickle(fixture: str, gen: torch.Generator) -> None:
+    """Raw (adversarial pass 15, c03): the FP8-dynamic and gpt-oss schemes held their parameter layouts as lambdas,
+    so pickling a loaded layer failed with "Can't pickle <lambda>"; the copy computes what the original does."""
+    checkpoint = MoeCheckpoint(FIXTURES / fixture)
+    layer = checkpoint.moe_layers()[0]
+    scheme = checkpoint.load_layer(layer)
+    copied = pickle.loads(pickle.dumps(scheme))
+    x = torch.randn(3, checkpoint.hidden_size, generator=gen).to(torch.bfloat16)
+    dispatch = StandardDispatchOutput(x, route(x, checkpoint.router(layer), scheme.config))
+    assert torch.equal(copied.apply(dispatch), scheme.apply(dispatch))
+
+
+def test_fp8_shared_expert_codes_without_their_scale_are_refused(tmp_path: Path) -> None:
+    """Silent (adversarial pass 15, c06): FP8 shared-expert codes without a scale were read with scale 1 (896-1410
+    off); a routed expert missing the same tensor is refused by name, and so is the shared expert now."""
+    source = FIXTURES / "deepseek_v3_fp8"
+    tensors = load_file(str(source / "model.safetensors"))
+    layer = MoeCheckpoint(source).moe_layers()[0]
+    del tensors[f"model.layers.{layer}.mlp.shared_experts.up_proj.weight_scale_inv"]
+    target = tmp_path / "deepseek_scale_missing"
+    target.mkdir()
+    (target / "config.json").write_text((source / "config.json").read_text())
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"shared_experts\.up_proj\.weight: FP8 codes without their weight_scale"):
+        MoeCheckpoint(target).shared_expert(layer)
