@@ -258,34 +258,42 @@ def _dispatch_tensors(dispatch: DispatchOutput) -> list[tuple[str, torch.Tensor]
     return [("hidden_states", dispatch.hidden_states), ("topk_ids", topk.topk_ids), ("topk_weights", topk.topk_weights)]
 
 
-def _held(path: str, value: object, seen: set[int] | None = None) -> list[tuple[str, object]]:
-    """``value`` and what it holds through attrs or dataclass fields, a plain class's attributes (its ``__dict__`` and
-    ``__slots__``: a plugin's quant info need not be an attrs class), tuples, lists, mappings and modules' parameters
-    and buffers, each with its path from ``path``; each object once."""
+def _held(path: str, value: object, seen: set[int] | None = None, plain: bool = True) -> list[tuple[str, object]]:
+    """``value`` and what it holds through attrs or dataclass fields, tuples, lists, mappings, modules' parameters,
+    buffers and attributes, and a plain class's attributes (its ``__dict__`` and ``__slots__``: a plugin's quant info
+    need not be an attrs class), each with its path from ``path``; each object once.
+
+    Plain objects are looked into only below a plain quant info (``plain``): an attrs or dataclass quant info says
+    by its fields what it holds, and a plain object behind one is a helper of its own (a workspace the runner
+    writes, an engine's context: adversarial pass 15, c10), as it was before plain quant infos were walked.
+    """
     seen = set() if seen is None else seen
     if id(value) in seen:
         return []
     seen.add(id(value))
     if isinstance(value, (tuple, list)):
-        return [found for index, item in enumerate(value) for found in _held(f"{path}[{index}]", item, seen)]
+        return [found for index, item in enumerate(value) for found in _held(f"{path}[{index}]", item, seen, plain)]
     if isinstance(value, Mapping):
-        return [(path, value)] + [found for key, item in value.items() for found in _held(f"{path}[{key!r}]", item, seen)]
+        items = value.items()
+        return [(path, value)] + [found for key, item in items for found in _held(f"{path}[{key!r}]", item, seen, plain)]
     if isinstance(value, torch.nn.Module):  # parameters and buffers (non-persistent ones too), then its own attributes
         tensors = [*value.named_parameters(), *value.named_buffers()]
-        found = [(path, value)] + [found for key, item in tensors for found in _held(f"{path}.{key}", item, seen)]
+        found = [(path, value)] + [found for key, item in tensors for found in _held(f"{path}.{key}", item, seen, plain)]
         names = [name for name in vars(value) if not name.startswith("_") and name != "training"]
-        return found + [found for name in names for found in _held(f"{path}.{name}", getattr(value, name), seen)]
-    if isinstance(value, functools.partial):
-        return [(path, value)] + _held(f"{path}.args", value.args, seen) + _held(f"{path}.keywords", value.keywords, seen)
+        return found + [found for name in names for found in _held(f"{path}.{name}", getattr(value, name), seen, plain)]
     kind = type(value)
     if attrs.has(kind):
-        names = [field.name for field in attrs.fields(kind)]
+        names, plain = [field.name for field in attrs.fields(kind)], False
     elif dataclasses.is_dataclass(kind):
-        names = [field.name for field in dataclasses.fields(kind)]
+        names, plain = [field.name for field in dataclasses.fields(kind)], False
+    elif not plain:
+        return [(path, value)]
+    elif isinstance(value, functools.partial):
+        return [(path, value)] + _held(f"{path}.args", value.args, seen) + _held(f"{path}.keywords", value.keywords, seen)
     else:
         names = _attributes(value)
     return [(path, value)] + [
-        found for name in names for found in _held(f"{path}.{name.lstrip('_')}", getattr(value, name), seen)
+        found for name in names for found in _held(f"{path}.{name.lstrip('_')}", getattr(value, name), seen, plain)
     ]
 
 

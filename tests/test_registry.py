@@ -520,3 +520,53 @@ def test_a_plain_class_quant_info_has_its_tensors_watched(kind: type[_PlainWeigh
     w2.mul_(2.0)  # the staging buffer refilled
     with pytest.raises(RuntimeError, match=rf"{kind.__name__}\.\S+: written in place"):
         bound(dispatch)
+
+
+class _Workspace:
+    """A plugin's scratch buffer, a plain object its runner writes on every call."""
+
+    def __init__(self) -> None:
+        self.scratch = torch.zeros(16)
+
+
+@attrs.frozen(eq=False)
+class _WeightsWithWorkspace:
+    weights: _PlainWeights
+    workspace: _Workspace
+
+    @property
+    def num_experts(self) -> int:
+        return self.weights.num_experts
+
+    @property
+    def hidden_size(self) -> int:
+        return self.weights.hidden_size
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.weights.intermediate_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.weights.device
+
+
+@attrs.frozen
+class _ScratchRunner:
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: _WeightsWithWorkspace, /) -> torch.Tensor:
+        quant_info.workspace.scratch.add_(1.0)
+        return torch.zeros_like(dispatch.hidden_states)
+
+
+def test_a_plain_workspace_behind_an_attrs_quant_info_is_not_taken_for_weights() -> None:
+    """False refusal (adversarial pass 15, c10): walking plain objects behind attrs fields took a runner's workspace
+    for weights written in place. An attrs quant info says by its fields what it holds: a plain object behind one is
+    not looked into, while a plain quant info is (the test above)."""
+    config = MoeRunnerConfig(num_experts=2, hidden_size=8, intermediate_size_per_partition=4, top_k=1)
+    weights = _PlainWeights(torch.randn(2, 8, 8), torch.randn(2, 8, 4), "attribute")
+    bound = BoundRunner(_ScratchRunner(config), _WeightsWithWorkspace(weights, _Workspace()))
+    dispatch = StandardDispatchOutput(torch.randn(3, 8), select_experts(torch.randn(3, 2), config))
+    for _ in range(2):
+        bound(dispatch)
