@@ -619,6 +619,23 @@ def test_a_block_with_the_callers_hooks_is_refused(gen: torch.Generator, where: 
     assert isinstance(holder.mlp, MoeCoreBlock)
 
 
+def test_a_hook_on_a_module_the_swapped_block_keeps_runs_on(gen: torch.Generator) -> None:
+    """False refusal (adversarial pass 15, c13): A.X-K1's swapped block calls the original post-MLP norm itself, so a
+    hook on it keeps running and is not refused."""
+    block = _block("axk1", gen)
+    holder = _Holder(block, _config("axk1"))
+
+    def steer(module: nn.Module, args: tuple[object, ...], output: torch.Tensor) -> torch.Tensor:
+        return output + 0.5
+
+    block.get_submodule("post_mlp_layernorm").register_forward_hook(steer)
+    x = torch.randn(2, 5, 32, generator=gen)
+    with torch.no_grad():
+        want = _output(block(x))
+        swap_moe_blocks(holder)
+        assert _relative_error(_output(holder.mlp(x)), want) <= TOLERANCE
+
+
 def test_transformers_output_capturing_hooks_do_not_stop_the_swap() -> None:
     model = transformers.Qwen3MoeForCausalLM(CONFIGS["qwen3_moe"](num_hidden_layers=1)).eval()
     with torch.no_grad():

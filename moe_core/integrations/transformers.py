@@ -469,7 +469,7 @@ def _sparsemixer_picks(block: nn.Module) -> int:
     router.eval()  # in training mode it samples (and jitters its input), drawing from the caller's random streams
     try:
         with torch.no_grad():
-            routed = router(probe.view(2, -1))
+            routed = router.forward(probe.view(2, -1))  # its forward alone: a probe runs none of the caller's hooks
     finally:
         router.train(training)
     picked = routed[-1] if isinstance(routed, tuple) else None
@@ -941,9 +941,9 @@ def swap_moe_blocks(
         )
     built = []
     for path, block in blocks:  # every layer built before any block is replaced: a refusal leaves the model as it was
-        _refuse_hooks(path, block)
         family = FAMILIES[type(block).__name__]
         parts = family.read(block, config)
+        _refuse_hooks(path, block, parts.post_norm)
         layer = dense_layer(
             parts.config(),
             parts.router,
@@ -973,11 +973,12 @@ def _theirs(function: object) -> bool:
     return not str(getattr(function, "__module__", "")).startswith(_OWN_CODE)
 
 
-def _refuse_hooks(path: str, block: nn.Module) -> None:
+def _refuse_hooks(path: str, block: nn.Module, kept: nn.Module | None) -> None:
     """A ValueError naming what of the caller's would change ``block``'s computation and not run once swapped: a forward
     hook or pre-hook on it or its modules, one registered for every module, or a forward replaced on an instance
     (accelerate's hooks) or on a class (steering, pruning, monitoring, device placement: the model would compute
-    without them, silently; adversarial passes 14 and 15: 1.27-1.44 off under a steering hook)."""
+    without them, silently; adversarial passes 14 and 15: 1.27-1.44 off under a steering hook). ``kept``, a module the
+    swapped block calls itself (A.X-K1's post-MLP norm), keeps its hooks."""
     global_hooks = [*module_hooks._global_forward_hooks.values(), *module_hooks._global_forward_pre_hooks.values()]
     theirs = [hook for hook in global_hooks if _theirs(hook)]
     if theirs:
@@ -987,6 +988,8 @@ def _refuse_hooks(path: str, block: nn.Module) -> None:
             "swapped; remove them before swap_moe_blocks"
         )
     for name, module in block.named_modules():
+        if kept is not None and any(module is inner for inner in kept.modules()):
+            continue
         where = f"{path}.{name}" if name else path
         hooks = [hook for hook in (*module._forward_hooks.values(), *module._forward_pre_hooks.values()) if _theirs(hook)]
         if hooks:
