@@ -313,9 +313,13 @@ class WriteCount:
     def writes(self) -> int:
         """In-place writes into the tensor since then (its counter's moves; 0 where they were writes into other parts
         of its buffer, which left its own contents as they were); at least 1 where the tensor now addresses other
-        memory (``set_``, ``torch.utils.swap_tensors``), whatever its counter says."""
+        memory (``set_``, ``torch.utils.swap_tensors``), whatever its counter says, unless its fingerprint says the
+        bytes there are the same (``share_memory_()``, a ``torch.multiprocessing`` queue's move)."""
         now = write_count(self.tensor)
         if self.tensor.data_ptr() != self.pointer:
+            if self.fingerprint is not None and _fingerprint(self.tensor) == self.fingerprint:  # moved, same bytes
+                self.pointer, self.count = self.tensor.data_ptr(), now
+                return 0
             return max(now - self.count, 1)
         if now == self.count:
             return 0

@@ -170,3 +170,24 @@ def test_copies_and_pickles_rebuild_through_the_checks(gen: torch.Generator) -> 
     weights.w2.block_scales.data.view(torch.uint8).add_(1)
     with pytest.raises(RuntimeError, match="LinearBlockScales: its tensor was written in place"):
         copy.deepcopy(weights)
+
+
+def test_weights_moved_to_shared_memory_with_the_same_bytes_keep_running(gen: torch.Generator) -> None:
+    """False refusal (adversarial pass 15, c08): sending a layer through a ``torch.multiprocessing`` queue moves its
+    tensors into shared memory (``share_memory_()``), same bytes at a new address, and the sender's own layer was
+    refused from then on. A fingerprinted tensor that moved with its bytes runs; other bytes are still refused."""
+    from moe_core import DENSE, DenseMoeWeights, MoeRunnerConfig, StandardDispatchOutput, select_experts
+    from moe_core.backends.reference import REFERENCE_DENSE
+
+    config = MoeRunnerConfig(num_experts=2, hidden_size=16, intermediate_size_per_partition=8, top_k=1)
+    w13, w2 = torch.randn(2, 16, 16, generator=gen), torch.randn(2, 16, 8, generator=gen)
+    forward = REFERENCE_DENSE.route(DENSE).bind(config, DenseMoeWeights(w13=w13, w2=w2))
+    dispatch = StandardDispatchOutput(torch.randn(3, 16, generator=gen), select_experts(torch.randn(3, 2, generator=gen), config))
+    want = forward(dispatch)
+    before = w13.data_ptr()
+    w13.share_memory_()  # type: ignore[no-untyped-call]  # torch leaves Tensor.share_memory_ untyped
+    assert w13.data_ptr() != before
+    assert torch.equal(forward(dispatch), want)
+    w13.mul_(2.0)
+    with pytest.raises(RuntimeError, match="written in place"):
+        forward(dispatch)
