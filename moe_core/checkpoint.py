@@ -25,6 +25,7 @@ import attrs
 import torch
 from safetensors import SafetensorError, safe_open
 
+from moe_core._checks import FLOAT8_DTYPES
 from moe_core.config import (
     Activation,
     ClampedSwiglu,
@@ -36,7 +37,14 @@ from moe_core.config import (
     RoutingMethod,
 )
 from moe_core.expert_params import ExpertShard
-from moe_core.fp8 import Fp8BlockExpertWeights, Fp8BlockScales
+from moe_core.fp8 import (
+    ExpertFp8Scales,
+    Fp8BlockExpertWeights,
+    Fp8BlockScales,
+    Fp8ChannelExpertWeights,
+    Fp8ChannelScales,
+    Fp8ExpertWeights,
+)
 from moe_core.formats.dense.weights import GateUpLayout
 from moe_core.layer import SharedExpert
 from moe_core.routing import Router
@@ -508,18 +516,17 @@ class MoeCheckpoint:
                 )
             block_scales = tensors.get(f"{prefix}{projection}.weight_scale_inv")
             scale = tensors.get(f"{prefix}{projection}.weight_scale")
-            if weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and block_scales is None and scale is None:
+            if weight.dtype in FLOAT8_DTYPES and block_scales is None and scale is None:
                 raise ValueError(f"{prefix}{projection}.weight: FP8 codes without their weight_scale or weight_scale_inv")
+            codes: Fp8BlockExpertWeights | Fp8ExpertWeights | Fp8ChannelExpertWeights | None = None
             if block_scales is not None:
-                blocks = Fp8BlockExpertWeights(weight[None], Fp8BlockScales.from_checkpoint(block_scales[None]))
-                weight = blocks.dequantize(self.dtype)[0]
-            elif scale is not None:
-                if scale.numel() not in (1, weight.shape[0]):
-                    raise ValueError(
-                        f"{prefix}{projection}.weight_scale: expected one scale or one per row ({weight.shape[0]}), "
-                        f"got {tuple(scale.shape)}"
-                    )
-                weight = weight.float() * scale.float().reshape(-1, 1)
+                codes = Fp8BlockExpertWeights(weight[None], Fp8BlockScales.from_checkpoint(block_scales[None]))
+            elif scale is not None and scale.numel() == 1:
+                codes = Fp8ExpertWeights(weight[None], ExpertFp8Scales.from_checkpoint(scale.reshape(1)))
+            elif scale is not None:  # the FP8 types check the scales' convention and shape, and the codes
+                codes = Fp8ChannelExpertWeights(weight[None], Fp8ChannelScales.from_checkpoint(scale.reshape(1, -1)))
+            if codes is not None:
+                weight = codes.dequantize(self.dtype)[0]
             projections[projection] = weight.to(self.dtype).to(torch.device("cpu") if device is None else device)
         return SharedExpert.from_projections(
             gate=projections["gate_proj"], up=projections["up_proj"], down=projections["down_proj"],

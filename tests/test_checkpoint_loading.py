@@ -442,7 +442,10 @@ def test_the_shared_expert_of_a_deepseek_layer_is_read_beside_its_routed_experts
     assert MoeCheckpoint(CT_NVFP4).shared_expert(0) is None
 
 
-def test_a_shared_expert_in_per_channel_fp8_is_read_and_named_by_check(tmp_path: Path, gen: torch.Generator) -> None:
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per-channel", "per-tensor"])
+def test_a_shared_expert_in_compressed_tensors_fp8_is_read_and_named_by_check(
+    tmp_path: Path, gen: torch.Generator, per_channel: bool
+) -> None:
     """False refusal (adversarial pass 14, c06): ``moe-core check --checkpoint`` read the shared expert only to say
     the layer has one, and a compressed-tensors FP8 shared expert (``weight_scale``, ``input_scale``) failed that read,
     throwing the routed experts' check away. The check looks at the names now, and such a shared expert is read."""
@@ -455,7 +458,7 @@ def test_a_shared_expert_in_per_channel_fp8_is_read_and_named_by_check(tmp_path:
         rows, cols = tensors.pop(f"{prefix}.{projection}.weight").shape
         tensors.pop(f"{prefix}.{projection}.weight_scale_inv")
         values = torch.randn(rows, cols, generator=gen) / cols**0.5
-        scale = values.abs().amax(dim=1, keepdim=True) / 448
+        scale = (values.abs().amax(dim=1, keepdim=True) if per_channel else values.abs().amax().reshape(1)) / 448
         codes = (values / scale).to(torch.float8_e4m3fn)
         tensors[f"{prefix}.{projection}.weight"] = codes
         tensors[f"{prefix}.{projection}.weight_scale"] = scale
