@@ -8,7 +8,6 @@ and never surfaces later as a silently wrong result on the hot path.
 from __future__ import annotations
 
 import functools
-
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TypeVar

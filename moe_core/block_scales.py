@@ -28,11 +28,14 @@ import attrs
 import torch
 
 from moe_core._checks import (
+    Float8Bytes,
     countable,
+    portable_tensor,
     require_dtype,
     require_int,
     require_tensor,
     require_unwritten,
+    tensor_again,
     values_readable,
     write_count,
 )
@@ -93,9 +96,10 @@ class LinearBlockScales:
         require_unwritten("LinearBlockScales", self._data, self._writes)
         return self._data
 
-    def __reduce__(self) -> tuple[Callable[[torch.Tensor], LinearBlockScales], tuple[torch.Tensor]]:
-        """Copies and pickles carry the bytes (torch pickles no float8 storage) and rebuild through the checks."""
-        return _linear_from_bytes, (self.data.view(torch.uint8).clone(),)
+    def __reduce__(self) -> tuple[Callable[[torch.Tensor | Float8Bytes], LinearBlockScales], tuple[torch.Tensor | Float8Bytes]]:
+        """Copies and pickles carry a copy of the bytes (:func:`~moe_core._checks.portable_tensor`: plain pickle loads
+        no float8 tensor) and rebuild through the checks."""
+        return _linear_again, (portable_tensor(self.data.clone()),)
 
     @classmethod
     def from_checkpoint(cls, data: torch.Tensor) -> LinearBlockScales:
@@ -180,9 +184,11 @@ class SwizzledBlockScales:
         require_unwritten("SwizzledBlockScales", self._tile_bytes, self._writes)
         return self._tile_bytes
 
-    def __reduce__(self) -> tuple[Callable[[torch.Tensor, int, int], SwizzledBlockScales], tuple[torch.Tensor, int, int]]:
-        """Copies and pickles carry the bytes and rebuild through the checks, like :class:`LinearBlockScales`."""
-        return _swizzled_from_bytes, (self._tiles.view(torch.uint8).clone(), self.rows, self.blocks)
+    def __reduce__(
+        self,
+    ) -> tuple[Callable[[torch.Tensor | Float8Bytes, int, int], SwizzledBlockScales], tuple[torch.Tensor | Float8Bytes, int, int]]:
+        """Copies and pickles carry a copy of the bytes and rebuild through the checks, like :class:`LinearBlockScales`."""
+        return _swizzled_again, (portable_tensor(self._tiles.clone()), self.rows, self.blocks)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -210,11 +216,11 @@ class SwizzledBlockScales:
         return LinearBlockScales._of(linear[..., : self.rows, : self.blocks].contiguous().view(torch.float8_e4m3fn))
 
 
-def _linear_from_bytes(data: torch.Tensor) -> LinearBlockScales:
-    """:class:`LinearBlockScales` from its E4M3 bytes (what its copies and pickles carry)."""
-    return LinearBlockScales._of(data.view(torch.float8_e4m3fn))
+def _linear_again(data: torch.Tensor | Float8Bytes) -> LinearBlockScales:
+    """:class:`LinearBlockScales` from what its copies and pickles carry."""
+    return LinearBlockScales._of(tensor_again(data))
 
 
-def _swizzled_from_bytes(tiles: torch.Tensor, rows: int, blocks: int) -> SwizzledBlockScales:
-    """:class:`SwizzledBlockScales` from its E4M3 bytes (what its copies and pickles carry)."""
-    return SwizzledBlockScales._of(tiles.view(torch.float8_e4m3fn), rows=rows, blocks=blocks)
+def _swizzled_again(tiles: torch.Tensor | Float8Bytes, rows: int, blocks: int) -> SwizzledBlockScales:
+    """:class:`SwizzledBlockScales` from what its copies and pickles carry."""
+    return SwizzledBlockScales._of(tensor_again(tiles), rows=rows, blocks=blocks)

@@ -998,9 +998,10 @@ def _refuse_hooks(path: str, block: nn.Module, kept: nn.Module | None) -> None:
                 "which the swapped block would not run; remove them before swap_moe_blocks and register them on the "
                 "swapped block"
             )
-        if "forward" in vars(module) or _theirs(type(module).forward):
+        on_instance = "forward" in vars(module)
+        if on_instance or _theirs(type(module).forward):
             raise ValueError(
-                f"{where}: its forward was replaced (on the {'instance' if 'forward' in vars(module) else 'class'}, as "
+                f"{where}: its forward was replaced (on the {'instance' if on_instance else 'class'}, as "
                 "accelerate's hooks or a patch do), which the swapped block would not run; swap the model as "
                 "transformers builds it"
             )
