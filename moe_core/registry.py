@@ -289,7 +289,8 @@ def _held(path: str, value: object, seen: set[int] | None = None, plain: bool = 
     elif not plain:
         return [(path, value)]
     elif isinstance(value, functools.partial):
-        return [(path, value)] + _held(f"{path}.args", value.args, seen, plain) + _held(f"{path}.keywords", value.keywords, seen, plain)
+        args, keywords = _held(f"{path}.args", value.args, seen, plain), _held(f"{path}.keywords", value.keywords, seen, plain)
+        return [(path, value), *args, *keywords]
     else:
         names = _attributes(value)
     return [(path, value)] + [
