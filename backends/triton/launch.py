@@ -33,10 +33,13 @@ from moe_core.backends.triton.kernels import (
     dequantize_nvfp4_kernel,
     moe_gemm_kernel,
 )
-from moe_core.backends.triton.launcher import THROUGH_TRITON, Launcher, LaunchSite, current_target, direct_launches
+from moe_core.backends.triton.launcher import (
+    THROUGH_TRITON, KernelLauncher, Launcher, LaunchSite, current_target, direct_launches,
+)
 from moe_core.backends.triton.quant_info import Fp8Activations, StaticFp8Activations
 from moe_core.backends.triton.quantize import LocalPairs, quantize_fp8_groups, quantize_fp8_rows
-from moe_core.backends.triton.scratch import FRESH, Scratch, forward_scratch
+from moe_core.backends.triton.replay import Inputs, Replays
+from moe_core.backends.triton.scratch import FRESH, KeptScratch, Scratch, forward_scratch
 from moe_core.backends.triton.sorting import SortedTokens, cdiv, next_power_of_2, sort_tokens
 
 COMBINE_BLOCK = 1024
@@ -294,7 +297,7 @@ def _epilogue(activation: ExpertActivation) -> Epilogue:
 def launch(
     a: torch.Tensor, gemm: Gemm, out: torch.Tensor, topk_weights: torch.Tensor, sorted_tokens: SortedTokens,
     top_k: int, first: bool, epilogue: Epilogue, a_scales: torch.Tensor | None = None,
-    out_scale: torch.Tensor | None = None, launcher: Launcher = THROUGH_TRITON,
+    out_scale: torch.Tensor | None = None, launcher: KernelLauncher = THROUGH_TRITON,
 ) -> None:
     """Launch the grouped GEMM: the ``first`` (its rows tokens, ``epilogue``'s activation: gated, or ReLU^2 of a
     non-gated ``B``) or the second (weighted by the top-k weights); ``gemm.bias`` added to the accumulator.
@@ -347,18 +350,21 @@ Fp8Inputs = Fp8Activations | PerGroupFp8Activations | None
 """How a forward quantizes its GEMM inputs: not at all (16-bit and W4A16 weights), or one of the FP8 schemes."""
 
 
-def quantize_hidden(x: torch.Tensor, fp8: Fp8Inputs, scratch: Scratch = FRESH) -> tuple[torch.Tensor, torch.Tensor | None]:
+def quantize_hidden(
+    x: torch.Tensor, fp8: Fp8Inputs, scratch: Scratch = FRESH, launcher: KernelLauncher = THROUGH_TRITON
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The first GEMM's input and the scales of its rows (none for 16-bit weights)."""
     if fp8 is None:
         return x, None
     if isinstance(fp8, PerGroupFp8Activations):
-        return quantize_fp8_groups(x, scratch=scratch)
+        return quantize_fp8_groups(x, scratch=scratch, launcher=launcher)
     static = fp8.w13_input_scale.value if isinstance(fp8, StaticFp8Activations) else None
-    return quantize_fp8_rows(x, static, scratch=scratch)
+    return quantize_fp8_rows(x, static, scratch=scratch, launcher=launcher)
 
 
 def quantize_gated(
-    inter: torch.Tensor, fp8: Fp8Inputs, config: MoeRunnerConfig, topk_ids: torch.Tensor, scratch: Scratch = FRESH
+    inter: torch.Tensor, fp8: Fp8Inputs, config: MoeRunnerConfig, topk_ids: torch.Tensor, scratch: Scratch = FRESH,
+    launcher: KernelLauncher = THROUGH_TRITON,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The second GEMM's input and its scales: with static scales the first GEMM already wrote E4M3; dynamic ones
     quantize only this rank's (token, slot) rows."""
@@ -368,13 +374,13 @@ def quantize_gated(
         return inter, fp8.w2_input_scale.value
     local = LocalPairs(topk_ids.reshape(-1), config.local_expert_offset, config.num_local_experts)
     if isinstance(fp8, PerGroupFp8Activations):
-        return quantize_fp8_groups(inter, local, scratch, "inter")
-    return quantize_fp8_rows(inter, None, local, scratch, "inter")
+        return quantize_fp8_groups(inter, local, scratch, "inter", launcher)
+    return quantize_fp8_rows(inter, None, local, scratch, "inter", launcher)
 
 
 def fused_moe(
     config: MoeRunnerConfig, dispatch: DispatchOutput, w13: Gemm, w2: Gemm, fp8: Fp8Inputs = None,
-    sites: dict[str, LaunchSite] | None = None,
+    sites: dict[str, LaunchSite] | None = None, replays: Replays | None = None,
 ) -> torch.Tensor:
     """Sort, ``act(x @ w13.T)``, ``@ w2.T`` times the top-k weights, and the combine.
 
@@ -383,29 +389,45 @@ def fused_moe(
     128-column group. ``sites``: a memo's launch sites for this token count,
     dtypes and weights (:mod:`.launcher`), which launch their kept binaries
     where the caller's tensors allow; the forward's own buffers are then
-    kept between decode forwards (:mod:`.scratch`).
+    kept between decode forwards (:mod:`.scratch`), and with ``replays`` (the
+    same memo entry's) a decode forward is recorded once and its launches
+    repeated after that (:mod:`.replay`).
     """
     hidden = dispatch.hidden_states.contiguous()
-    ids, weights = dispatch.topk.topk_ids.contiguous(), dispatch.topk.topk_weights.contiguous()  # the kernels index both flat
+    inputs = (hidden, dispatch.topk.topk_ids.contiguous(), dispatch.topk.topk_weights.contiguous())  # read flat
+    if sites is None:
+        return _forward(config, inputs, w13, w2, fp8, THROUGH_TRITON, FRESH)
+    # a one-row view's stride is the caller's: the kernels' binaries are specialized on it
+    standard = hidden.stride(0) == hidden.shape[1]
+    target = current_target()
+    launcher = Launcher(sites, standard and direct_launches(inputs), target)
+    buffers = forward_scratch(inputs[1].numel(), target[1], hidden.device)
+    if replays is None or not standard or not isinstance(buffers, KeptScratch):
+        return _forward(config, inputs, w13, w2, fp8, launcher, buffers)
+    kept = buffers
+    return replays.run(lambda given, recording: _forward(config, given, w13, w2, fp8, recording, kept), inputs, launcher, kept)
+
+
+def _forward(
+    config: MoeRunnerConfig, inputs: Inputs, w13: Gemm, w2: Gemm, fp8: Fp8Inputs, launcher: KernelLauncher,
+    buffers: Scratch,
+) -> torch.Tensor:
+    """:func:`fused_moe` of contiguous inputs, every kernel launched through ``launcher`` (what a replay records),
+    its own buffers from ``buffers``."""
+    hidden, ids, weights = inputs
     tokens, top_k = ids.shape
     device = hidden.device
-    launcher, buffers = THROUGH_TRITON, FRESH
-    if sites is not None:
-        # a one-row view's stride is the caller's: the kernels' binaries are specialized on it
-        direct = hidden.stride(0) == hidden.shape[1] and direct_launches((hidden, ids, weights))
-        target = current_target()
-        launcher, buffers = Launcher(sites, direct, target), forward_scratch(tokens * top_k, target[1], device)
     sorted_tokens = sort_tokens(
         ids, config.num_local_experts, config.local_expert_offset, w13.config.block_m, launcher, buffers
     )
     epilogue = Epilogue.of(config)
     static = fp8 if isinstance(fp8, StaticFp8Activations) else None
-    x, x_scales = quantize_hidden(hidden, fp8, buffers)
+    x, x_scales = quantize_hidden(hidden, fp8, buffers, launcher)
     inter_dtype = torch.float8_e4m3fn if static is not None else hidden.dtype
     inter = buffers("inter", (tokens * top_k, w13.n), inter_dtype, device)
     out_scale = None if static is None else static.w2_input_scale.value
     launch(x, w13, inter, weights, sorted_tokens, top_k, True, epilogue, x_scales, out_scale, launcher)
-    inter, inter_scales = quantize_gated(inter, fp8, config, ids, buffers)
+    inter, inter_scales = quantize_gated(inter, fp8, config, ids, buffers, launcher)
     down = buffers("down", (tokens * top_k, w2.n), hidden.dtype, device)
     launch(inter, w2, down, weights, sorted_tokens, top_k, False, epilogue, inter_scales, launcher=launcher)
     out = torch.empty_like(hidden, memory_format=torch.contiguous_format)

@@ -67,6 +67,14 @@ class _Binary(Protocol):
         ...
 
 
+class KernelLauncher(Protocol):
+    """How a forward's code launches each kernel: a :class:`Launcher`, or a recording of one (:mod:`.replay`)."""
+
+    def __call__(self, name: str, kernel: JitKernel, args: Sequence[object], statics: Statics) -> None:
+        """Launch ``kernel`` with ``args`` at the forward's site ``name``; ``statics`` gives the grid and constexprs."""
+        ...
+
+
 def _current_device() -> int:
     """The device Triton launches on: the current one."""
     device: int = triton.runtime.driver.active.get_current_device()

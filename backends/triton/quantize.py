@@ -8,6 +8,7 @@ import attrs
 import torch
 
 from moe_core.backends.triton.kernels import INTERPRETED, quantize_groups_kernel, quantize_rows_kernel
+from moe_core.backends.triton.launcher import THROUGH_TRITON, KernelLauncher
 from moe_core.backends.triton.scratch import FRESH, Scratch
 from moe_core.backends.triton.sorting import next_power_of_2
 from moe_core.fp8 import FP8_BLOCK, MIN_DYNAMIC_SCALE
@@ -29,7 +30,7 @@ MAX_BLOCK = 4096
 
 def quantize_fp8_rows(
     x: torch.Tensor, static_scale: torch.Tensor | None, pairs: LocalPairs | None = None, scratch: Scratch = FRESH,
-    name: str = "x",
+    name: str = "x", launcher: KernelLauncher = THROUGH_TRITON,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` as E4M3 codes and the scales that dequantize them.
 
@@ -38,27 +39,32 @@ def quantize_fp8_rows(
     ``max(amax / 448, MIN_DYNAMIC_SCALE)``, returned as ``[M]`` float32.
     With ``pairs`` the rows are (token, slot) pairs and only this rank's are
     quantized (the others' codes and scales are left unwritten). The codes
-    and scales are ``scratch``'s buffers ``<name>_codes`` and ``<name>_scales``.
+    and scales are ``scratch``'s buffers ``<name>_codes`` and ``<name>_scales``; ``launcher`` launches the kernel
+    (a forward's, at its site ``quantize_<name>``).
     """
     rows, cols = x.shape
     codes = scratch(f"{name}_codes", (rows, cols), torch.float8_e4m3fn, x.device)
     scales = static_scale if static_scale is not None else scratch(f"{name}_scales", (rows,), torch.float32, x.device)
     ids = scales if pairs is None else pairs.topk_ids
     offset, num_local = (0, 0) if pairs is None else (pairs.offset, pairs.num_local)
-    quantize_rows_kernel[(rows,)](
-        x, codes, scales, scales, ids, cols, x.stride(0), codes.stride(0), MIN_DYNAMIC_SCALE, offset, num_local,
-        DYNAMIC=static_scale is None, PAIRS=pairs is not None, ROUND_FIRST=INTERPRETED,
-        BLOCK=min(MAX_BLOCK, next_power_of_2(cols)),
+    launcher(
+        f"quantize_{name}", quantize_rows_kernel,
+        (x, codes, scales, scales, ids, cols, x.stride(0), codes.stride(0), MIN_DYNAMIC_SCALE, offset, num_local),
+        lambda: ((rows,), dict(
+            DYNAMIC=static_scale is None, PAIRS=pairs is not None, ROUND_FIRST=INTERPRETED,
+            BLOCK=min(MAX_BLOCK, next_power_of_2(cols)),
+        )),
     )
     return codes, scales
 
 
 def quantize_fp8_groups(
-    x: torch.Tensor, pairs: LocalPairs | None = None, scratch: Scratch = FRESH, name: str = "x"
+    x: torch.Tensor, pairs: LocalPairs | None = None, scratch: Scratch = FRESH, name: str = "x",
+    launcher: KernelLauncher = THROUGH_TRITON,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` (K a multiple of 128) as E4M3 codes and one scale per row and 128-column group, ``[M, K / 128]``.
 
-    ``pairs``, ``scratch`` and ``name`` as in :func:`quantize_fp8_rows`.
+    ``pairs``, ``scratch``, ``name`` and ``launcher`` as in :func:`quantize_fp8_rows`.
     """
     rows, cols = x.shape
     if cols % FP8_BLOCK:
@@ -67,8 +73,9 @@ def quantize_fp8_groups(
     scales = scratch(f"{name}_scales", (rows, cols // FP8_BLOCK), torch.float32, x.device)
     ids = scales if pairs is None else pairs.topk_ids
     offset, num_local = (0, 0) if pairs is None else (pairs.offset, pairs.num_local)
-    quantize_groups_kernel[(rows, cols // FP8_BLOCK)](
-        x, codes, scales, ids, x.stride(0), codes.stride(0), scales.stride(0), MIN_DYNAMIC_SCALE, offset, num_local,
-        PAIRS=pairs is not None, ROUND_FIRST=INTERPRETED, GROUP=FP8_BLOCK,
+    launcher(
+        f"quantize_{name}", quantize_groups_kernel,
+        (x, codes, scales, ids, x.stride(0), codes.stride(0), scales.stride(0), MIN_DYNAMIC_SCALE, offset, num_local),
+        lambda: ((rows, cols // FP8_BLOCK), dict(PAIRS=pairs is not None, ROUND_FIRST=INTERPRETED, GROUP=FP8_BLOCK)),
     )
     return codes, scales

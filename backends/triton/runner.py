@@ -28,6 +28,7 @@ from moe_core.backends.triton.kernels import one_at_a_time
 from moe_core.backends.triton.launch import fused_moe
 from moe_core.backends.triton.launcher import LaunchSite
 from moe_core.backends.triton.plans import Launches, TritonPlan
+from moe_core.backends.triton.replay import Replay, Replays
 from moe_core.runner import QuantInfo
 
 Q = TypeVar("Q", bound=QuantInfo)
@@ -74,7 +75,7 @@ class _Forwards:
         self.counts = [
             (tensor, write_count(tensor), tensor.data_ptr()) for _, tensor in self.values if isinstance(tensor, torch.Tensor)
         ]
-        self.by_key: dict[ForwardKey, tuple[Launches, dict[str, LaunchSite]]] = {}
+        self.by_key: dict[ForwardKey, KeptForward] = {}
 
     def current(self, quant_info: object) -> bool:
         """Whether ``quant_info`` still holds the same values (none replaced behind its frozen fields) and none of its
@@ -83,6 +84,22 @@ class _Forwards:
         return all(_reach(quant_info, chain) is value for chain, value in self.values) and all(
             write_count(tensor) == count and tensor.data_ptr() == pointer for tensor, count, pointer in self.counts
         )
+
+
+@final
+@attrs.frozen(eq=False)
+class KeptForward:
+    """One key's forward: its launches, their sites (None where nothing can be kept) and its decode replays."""
+
+    launches: Launches
+    sites: dict[str, LaunchSite] | None = None
+    replays: Replays | None = None
+
+
+def _kept(launches: Launches) -> KeptForward:
+    """A new key's forward, with sites and replays (which may read the tensors ``launches`` holds)."""
+    held = [value for _, value in held_values(launches) if isinstance(value, torch.Tensor)]
+    return KeptForward(launches, {}, Replays(held))
 
 
 @final
@@ -107,30 +124,37 @@ class ForwardMemo:
         """Copies and pickles start empty (launch sites hold compiled binaries)."""
         return ForwardMemo, ()
 
-    def forward(
-        self, quant_info: object, dispatch: DispatchOutput, plan: Callable[[], Launches]
-    ) -> tuple[Launches, dict[str, LaunchSite] | None]:
-        """The launches of ``dispatch`` on ``quant_info`` (``plan`` makes them once per key) and their sites; no sites
-        for a quant info that cannot be weakly referenced (none is kept for it)."""
+    def forward(self, quant_info: object, dispatch: DispatchOutput, plan: Callable[[], Launches]) -> KeptForward:
+        """The launches of ``dispatch`` on ``quant_info`` (``plan`` makes them once per key), their sites and
+        replays; neither for a quant info that cannot be weakly referenced (none is kept for it)."""
         hidden, topk = dispatch.hidden_states, dispatch.topk
         key = (int(hidden.shape[0]), hidden.dtype, hidden.device, topk.topk_ids.dtype, topk.topk_weights.dtype)
         try:
             forwards = self._by_weights.get(quant_info)
         except TypeError:
-            return plan(), None
+            return KeptForward(plan())
         if forwards is None or not forwards.current(quant_info):
             forwards = self._by_weights[quant_info] = _Forwards(quant_info)
         found = forwards.by_key.get(key)
         if found is None:
             if len(forwards.by_key) >= self.LIMIT:
                 del forwards.by_key[next(iter(forwards.by_key))]
-            found = forwards.by_key[key] = (plan(), {})
+            found = forwards.by_key[key] = _kept(plan())
         return found
 
     def sites(self, quant_info: object) -> list[LaunchSite]:
         """Every launch site kept for ``quant_info`` (benchmarks and tests read whether they launch directly)."""
         forwards = self._by_weights.get(quant_info)
-        return [] if forwards is None else [site for _, sites in forwards.by_key.values() for site in sites.values()]
+        if forwards is None:
+            return []
+        return [site for kept in forwards.by_key.values() if kept.sites is not None for site in kept.sites.values()]
+
+    def replays(self, quant_info: object) -> list[Replay | None]:
+        """Every decode forward recorded for ``quant_info`` (None where one could not be: tests read which)."""
+        forwards = self._by_weights.get(quant_info)
+        if forwards is None:
+            return []
+        return [replay for kept in forwards.by_key.values() if kept.replays is not None for replay in kept.replays.recorded()]
 
 
 @final
@@ -156,8 +180,9 @@ class TritonRunner(Generic[Q]):
         """The ``[T, H]`` MoE output in the activations' dtype."""
         check_run_inputs(self.config, dispatch, quant_info, (DispatchFormat.STANDARD,))
         with one_at_a_time():
-            launches, sites = self.memo.forward(quant_info, dispatch, lambda: self._plan(dispatch, quant_info))
-            return fused_moe(self.config, dispatch, launches.w13, launches.w2, launches.inputs, sites)
+            kept = self.memo.forward(quant_info, dispatch, lambda: self._plan(dispatch, quant_info))
+            launches = kept.launches
+            return fused_moe(self.config, dispatch, launches.w13, launches.w2, launches.inputs, kept.sites, kept.replays)
 
     def _plan(self, dispatch: DispatchOutput, quant_info: Q) -> Launches:
         """The plan's check and launches: once per memo key (the memo plans again wherever ``quant_info`` changed)."""

@@ -48,7 +48,7 @@ FRESH: Scratch = fresh
 class KeptScratch:
     """Buffers by (name, shape, dtype, device), handed out again on every forward of one stream and thread."""
 
-    __slots__ = ("_bytes", "_kept")
+    __slots__ = ("__weakref__", "_bytes", "_kept")
 
     def __init__(self) -> None:
         self._kept: dict[tuple[str, tuple[int, ...], torch.dtype, torch.device], torch.Tensor] = {}
@@ -73,6 +73,18 @@ class KeptScratch:
     def bytes(self) -> int:
         """The bytes held."""
         return self._bytes
+
+    def buffer_at(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """The kept buffer that starts where ``tensor`` does, with its dtype and device, or None (a replay,
+        :mod:`.replay`, takes such a tensor from the scratch again on every forward)."""
+        pointer = tensor.data_ptr()
+        return next(
+            (
+                kept for kept in self._kept.values()
+                if kept.data_ptr() == pointer and kept.dtype == tensor.dtype and kept.device == tensor.device
+            ),
+            None,
+        )
 
 
 _SCRATCH: dict[tuple[int, int], KeptScratch] = {}

@@ -23,7 +23,7 @@ import attrs
 import torch
 
 from moe_core.backends.triton.kernels import count_kernel, scan_kernel, scatter_kernel, sort_one_program_kernel
-from moe_core.backends.triton.launcher import THROUGH_TRITON, Launcher
+from moe_core.backends.triton.launcher import THROUGH_TRITON, KernelLauncher
 from moe_core.backends.triton.scratch import FRESH, Scratch
 
 CHUNK = 1024
@@ -88,7 +88,7 @@ def _sizes(numel: int, num_local_experts: int, block_m: int) -> tuple[int, int, 
 
 def sort_tokens(
     topk_ids: torch.Tensor, num_local_experts: int, local_expert_offset: int, block_m: int,
-    launcher: Launcher = THROUGH_TRITON, scratch: Scratch = FRESH,
+    launcher: KernelLauncher = THROUGH_TRITON, scratch: Scratch = FRESH,
 ) -> SortedTokens:
     """Group ``topk_ids [T, K]`` (global ids) by this rank's experts, each group padded to ``block_m`` rows; the one-launch
     sort's buffers from ``scratch`` (it writes every element it reads)."""
