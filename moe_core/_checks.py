@@ -169,9 +169,11 @@ def require_distinct_per_row(name: str, ids: torch.Tensor) -> None:
 def write_count(tensor: torch.Tensor) -> int:
     """In-place writes ``tensor``'s storage has seen (its version counter, shared by every view of it); -1 for an
     inference tensor, which tracks none (and outside inference mode cannot be written at all)."""
-    if tensor.is_inference():
+    try:
+        version: int = getattr(tensor, "_version")  # Tensor._version: not in torch's stubs
+    except RuntimeError:  # "Inference tensors do not track version counter" (asked on every call: no check first)
         return -1
-    return int(getattr(tensor, "_version"))  # Tensor._version: not in torch's stubs
+    return version
 
 
 def countable(tensor: torch.Tensor) -> torch.Tensor:
@@ -326,6 +328,16 @@ class WriteCount:
             self.count = now
             return 0
         return now - self.count
+
+
+def none_moved(counts: Sequence[WriteCount]) -> bool:
+    """Whether every counted tensor still has its counter and its memory (counted ones only: no inference tensors),
+    asked on every call of a bound layer before the slower :meth:`WriteCount.writes` looks at any that moved."""
+    for counted in counts:
+        tensor = counted.tensor
+        if getattr(tensor, "_version") != counted.count or tensor.data_ptr() != counted.pointer:  # not in torch's stubs
+            return False
+    return True
 
 
 _BUILT: weakref.WeakKeyDictionary[object, list[tuple[str, WriteCount]]] = weakref.WeakKeyDictionary()

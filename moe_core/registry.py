@@ -37,7 +37,7 @@ from typing import Generic, Protocol, TypeVar, final, overload
 import attrs
 import torch
 
-from moe_core._checks import WriteCount, require_unwritten_since_built, write_count
+from moe_core._checks import WriteCount, none_moved, require_unwritten_since_built, write_count
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig, config_differences
 from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
@@ -79,6 +79,8 @@ class BoundRunner(Generic[Q]):
     nothing was asked of the backend."""
     _writes: tuple[tuple[str, WriteCount], ...] = attrs.field(init=False, repr=False)
     """Each tensor the quant info holds, by field path, with its write count at binding."""
+    _counts: tuple[WriteCount, ...] = attrs.field(init=False, repr=False)
+    """The same counts, for :func:`~moe_core._checks.none_moved` on every call."""
 
     def __attrs_post_init__(self) -> None:
         check_quant_info_sizes(self.runner.config, self.quant_info)
@@ -86,6 +88,7 @@ class BoundRunner(Generic[Q]):
         refuse_writes_since_built(held)
         counted = [(path, WriteCount(value)) for path, value in held if isinstance(value, torch.Tensor)]
         object.__setattr__(self, "_writes", tuple(c for c in counted if c[1].count >= 0))  # inference tensors count none
+        object.__setattr__(self, "_counts", tuple(c for _, c in self._writes))
 
     def __call__(self, dispatch: DispatchOutput, /) -> torch.Tensor:
         """``runner.run(dispatch, quant_info)``; for standard dispatches, the output is held to the
@@ -98,20 +101,23 @@ class BoundRunner(Generic[Q]):
             self._require_supported(self.judge, dispatch.hidden_states.dtype)
         if dispatch.topk.check_values:
             check_run_values(self.runner.config, dispatch)
-        inputs = _counted(_dispatch_tensors(dispatch))
+        topk = dispatch.topk
+        inputs = (dispatch.hidden_states, topk.topk_ids, topk.topk_weights)  # named by _DISPATCH_TENSORS
+        counts = (write_count(inputs[0]), write_count(inputs[1]), write_count(inputs[2]))
         out = self.runner.run(dispatch, self.quant_info)
-        name = _first_written(inputs)
-        if name is not None:
+        if (write_count(inputs[0]), write_count(inputs[1]), write_count(inputs[2])) != counts:
+            name = next(name for name, tensor, count in zip(_DISPATCH_TENSORS, inputs, counts) if write_count(tensor) != count)
             raise RuntimeError(
                 f"{type(self.runner).__name__}.run wrote the dispatch's {name} in place: the caller still reads "
                 "it (a residual, a shared expert, the next layer); a runner computes into its own buffers"
             )
-        for path, counted in self._writes:
-            if counted.writes():
-                raise RuntimeError(
-                    f"{type(self.runner).__name__}.run wrote its quant info's {path} in place: the next call would "
-                    "run other weights; bound weights are immutable (a runner computes into its own buffers)"
-                )
+        if not none_moved(self._counts):
+            for path, counted in self._writes:
+                if counted.writes():
+                    raise RuntimeError(
+                        f"{type(self.runner).__name__}.run wrote its quant info's {path} in place: the next call "
+                        "would run other weights; bound weights are immutable (a runner computes into its own buffers)"
+                    )
         if isinstance(dispatch, StandardDispatchOutput):
             hidden = dispatch.hidden_states
             fits = isinstance(out, torch.Tensor) and (out.shape, out.dtype, out.device) == (
@@ -135,6 +141,8 @@ class BoundRunner(Generic[Q]):
 
     def _require_unwritten(self) -> None:
         """Refuse weights written in place since binding."""
+        if none_moved(self._counts):
+            return
         for path, counted in self._writes:
             writes = counted.writes()
             if writes:
@@ -251,11 +259,9 @@ def _first_written(counted: list[tuple[str, torch.Tensor, int]]) -> str | None:
     return next((name for name, tensor, count in counted if write_count(tensor) != count), None)
 
 
-def _dispatch_tensors(dispatch: DispatchOutput) -> list[tuple[str, torch.Tensor]]:
-    """The caller's tensors a runner reads and must leave as they are: the hidden states and the top-k's ids and
-    weights."""
-    topk = dispatch.topk
-    return [("hidden_states", dispatch.hidden_states), ("topk_ids", topk.topk_ids), ("topk_weights", topk.topk_weights)]
+_DISPATCH_TENSORS = ("hidden_states", "topk_ids", "topk_weights")
+"""The caller's tensors a runner reads and must leave as they are, by name: the hidden states and the top-k's ids and
+weights."""
 
 
 def _held(path: str, value: object, seen: set[int] | None = None, plain: bool = True) -> list[tuple[str, object]]:
