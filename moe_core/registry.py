@@ -29,6 +29,7 @@ import functools
 import importlib
 import pkgutil
 import re
+import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
@@ -677,10 +678,13 @@ class _Slot:
 
 _REGISTRY: dict[str, _Slot] = {}
 _DISCOVERY: dict[str, str | None] = {}
-_DISCOVERING: list[bool] = []
-"""Non-empty while :func:`discover_backends` runs (the modules it imports register through it)."""
 """Each discovered module (in-tree module or entry point) and the error that stopped it, or None; empty until the
 first discovery."""
+_DISCOVERING: list[bool] = []
+"""Non-empty while :func:`discover_backends` runs (the modules it imports register through it)."""
+_DISCOVERY_LOCK = threading.RLock()
+"""Held by the thread that discovers: another thread's first question waits for the whole table (adversarial pass
+16, c03: threads asking at once found an empty or partial one, and chose an oracle over the kernel)."""
 
 
 _BACKEND_NAME = re.compile(r"[a-z0-9][a-z0-9._+-]*")
@@ -786,21 +790,29 @@ def discover_backends() -> dict[str, str | None]:
     Returns each module's label (``moe_core.backends.<name>`` or the entry
     point's name) with None where it loaded, or the error that stopped it.
     """
-    if _DISCOVERY or _DISCOVERING:
+    if _DISCOVERY and not _DISCOVERING:
         return dict(_DISCOVERY)
-    _DISCOVERING.append(True)
-    try:
-        package = importlib.import_module(IN_TREE_PACKAGE)
-        for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
-            if not module.name.startswith("_"):
-                name = f"{IN_TREE_PACKAGE}.{module.name}"
-                _load(name, name)
-        for entry in entry_points(group=ENTRY_POINT_GROUP):
-            if entry.module.split(".")[:2] != IN_TREE_PACKAGE.split("."):
-                _load(entry.module, entry.name)
-    finally:
-        _DISCOVERING.clear()
+    with _DISCOVERY_LOCK:  # re-entered by the discovering thread's own registrations, which see what loaded so far
+        if _DISCOVERY or _DISCOVERING:
+            return dict(_DISCOVERY)
+        _DISCOVERING.append(True)
+        try:
+            _discover()
+        finally:
+            _DISCOVERING.clear()
     return dict(_DISCOVERY)
+
+
+def _discover() -> None:
+    """Load moe-core's backend modules, then the entry points' (:func:`discover_backends`, holding its lock)."""
+    package = importlib.import_module(IN_TREE_PACKAGE)
+    for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
+        if not module.name.startswith("_"):
+            name = f"{IN_TREE_PACKAGE}.{module.name}"
+            _load(name, name)
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.module.split(".")[:2] != IN_TREE_PACKAGE.split("."):
+            _load(entry.module, entry.name)
 
 
 def plugin_errors() -> dict[str, str]:

@@ -357,6 +357,27 @@ def test_registering_before_anyone_asked_cannot_take_an_in_tree_name() -> None:
     assert "['reference-dense', 'reference-fp8']" in result.stdout
 
 
+def test_threads_asking_first_all_wait_for_the_whole_table() -> None:
+    """Eight threads' first questions at once (adversarial pass 16, c03: seven found no backend, and a described
+    sm90 was once given the oracle over the kernel): each sees every backend the process registers."""
+    program = (
+        "import threading\n"
+        "from moe_core import registered_backends\n"
+        "from moe_core.formats import DENSE\n"
+        "from moe_core.registry import candidates\n"
+        "barrier, seen = threading.Barrier(8), []\n"
+        "def ask():\n"
+        "    barrier.wait()\n"
+        "    seen.append((len(candidates(DENSE)), len(registered_backends())))\n"
+        "threads = [threading.Thread(target=ask) for _ in range(8)]\n"
+        "[t.start() for t in threads]; [t.join() for t in threads]\n"
+        "print(sorted(seen), (len(candidates(DENSE)), len(registered_backends())))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    seen, after = result.stdout.strip().rsplit(" (", 1)
+    assert seen == str([tuple(int(n) for n in after.rstrip(")").split(", "))] * 8), result.stdout + result.stderr
+
+
 def test_a_route_refuses_to_bind_a_config_its_backend_refuses(gen: torch.Generator) -> None:
     """Chosen for one layer, bound to another: the backend's answer for the bound config decides."""
     weights, _ = random_nvfp4_layer(CONFIG, 6, torch.float32, torch.device("cpu"), int(torch.randint(2**31, (1,), generator=gen)))
