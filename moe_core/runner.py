@@ -158,7 +158,8 @@ def check_run_values(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:
     if config.slot_rows:
         _require_local_rows(topk.topk_ids, config)
     if topk.check_values:
-        _require_routed_weights(topk.topk_weights, config)
+        routed = topk.router_logits is not None and topk.from_router_logits
+        _require_routed_weights(topk.topk_weights, config, routed)
         if topk.router_logits is not None and topk.from_router_logits:
             _require_weights_of_logits(topk.topk_weights, topk.topk_ids, topk.router_logits, config)
 
@@ -198,8 +199,11 @@ def _renormalized(sums: torch.Tensor, top_k: int, num_experts: int) -> bool:
     return float((sums - 1).abs().max()) <= 4 * top_k * torch.finfo(torch.float32).eps
 
 
-def _require_routed_weights(weights: torch.Tensor, config: MoeRunnerConfig) -> None:
-    """Raise ``ValueError`` naming the routing method unless every token's weights satisfy its bound."""
+def _require_routed_weights(weights: torch.Tensor, config: MoeRunnerConfig, routed: bool) -> None:
+    """Raise ``ValueError`` naming the routing method unless every token's weights satisfy its bound; where they
+    do not come with the logits they were ``routed`` from, also where every token's weights sum to 1 under a method
+    that does not renormalize (renormalized weights, most likely). With the logits, the weights are checked against
+    them exactly instead: a saturated or masked router's own weights sum to 1 too (adversarial pass 16, c09)."""
     if not values_readable(weights) or not weights.numel():
         return
     method = config.routing_method
@@ -218,7 +222,8 @@ def _require_routed_weights(weights: torch.Tensor, config: MoeRunnerConfig) -> N
     # a renormalizing method with a floor under its sum (ERNIE 4.5's moe_norm_min) sums to 1 wherever the floor is
     # below the sum, which is nearly everywhere: its bound is at most one, its weights' sums are no evidence
     floored = isinstance(method, GroupedTopK) and method.renormalize
-    if not bad and bound is not RoutedWeights.SUM_TO_ONE and not floored and _renormalized(sums, weights.shape[1], config.num_experts):
+    suspect = not (bad or routed or floored) and bound is not RoutedWeights.SUM_TO_ONE
+    if suspect and _renormalized(sums, weights.shape[1], config.num_experts):
         raise ValueError(
             f"topk_weights: {method.value} routing does not renormalize its weights, yet every one of the "
             f"{int(sums.numel())} tokens' weights sums to 1 (renormalized weights, or another routing method's; build "

@@ -32,7 +32,7 @@ from moe_core import (
     select_experts,
 )
 from moe_core.backends.reference import REFERENCE_DENSE
-from moe_core.config import Routing
+from moe_core.config import GroupScore, Routing, Scoring
 from moe_core.registry import BoundRunner
 
 E, H, I, T = 8, 16, 8, 11
@@ -113,3 +113,31 @@ def test_bf16_rounded_weights_pass_and_unchecked_top_k_is_not_read(gen: torch.Ge
     BoundRunner(_WeightBlindRunner(config), weights)(StandardDispatchOutput(x, rounded))
     unchecked = TopKOutput(topk.topk_ids, topk.topk_weights * 2.5, num_experts=E, check_values=False)
     BoundRunner(_WeightBlindRunner(config), weights)(StandardDispatchOutput(x, unchecked))
+
+
+@pytest.mark.parametrize("router", ["saturated", "masked"])
+@pytest.mark.parametrize(
+    ("routing", "top_k"),
+    [(RoutingMethod.SOFTMAX_TOPK, 2), (Llama4Sigmoid(), 1),
+     (GroupedTopK(n_group=4, topk_group=2, renormalize=False, scoring=Scoring.SOFTMAX, group_score=GroupScore.MAX), 2)],
+    ids=lambda value: getattr(value, "value", str(value)),
+)
+def test_a_confident_routers_own_top_k_runs_though_its_weights_sum_to_one(
+    gen: torch.Generator, routing: Routing, top_k: int, router: str
+) -> None:
+    """A saturated router (one logit far above the rest) or one whose other experts are masked to -inf gives
+    weights that sum to 1 under a method that does not renormalize; ``select_experts``' own top-k carries the logits,
+    against which the weights are checked exactly, so it runs (adversarial pass 16, c09: refused as renormalized)."""
+    config, weights, x = _layer(gen, routing, top_k, 1.0)
+    logits = torch.randn(T, E, generator=gen)
+    if router == "saturated":
+        logits[:, 3] += 40.0
+    else:
+        logits[:, top_k:] = float("-inf") if not isinstance(routing, Llama4Sigmoid) else -200.0
+        logits[:, :top_k] += 30.0 if isinstance(routing, Llama4Sigmoid) else 0.0
+    topk = select_experts(logits, config, score_correction_bias=None)
+    assert float((topk.topk_weights.sum(dim=1) - 1).abs().max()) < 1e-6
+    forward = REFERENCE_DENSE.bind(config, weights)
+    out = forward(StandardDispatchOutput(x, topk))
+    expected = forward(StandardDispatchOutput(x, TopKOutput(topk.topk_ids, topk.topk_weights, num_experts=E, check_values=False)))
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
