@@ -158,9 +158,9 @@ def check_run_values(config: MoeRunnerConfig, dispatch: DispatchOutput) -> None:
     if config.slot_rows:
         _require_local_rows(topk.topk_ids, config)
     if topk.check_values:
-        routed = topk.router_logits is not None and topk.from_router_logits
+        routed = topk.router_logits is not None and topk.from_router_logits is True
         _require_routed_weights(topk.topk_weights, config, routed)
-        if topk.router_logits is not None and topk.from_router_logits:
+        if routed and topk.router_logits is not None:
             _require_weights_of_logits(topk.topk_weights, topk.topk_ids, topk.router_logits, config)
 
 
