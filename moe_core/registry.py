@@ -131,6 +131,8 @@ class BoundRunner(Generic[Q]):
                     f"{tuple(hidden.shape)} {hidden.dtype} on {hidden.device} (the Runner contract)"
                 )
         if isinstance(out, torch.Tensor):
+            if torch.is_grad_enabled() and not out.requires_grad and (inputs[0].requires_grad or inputs[2].requires_grad):
+                out = _without_gradient(out, type(self.runner).__name__, inputs[0], inputs[2])
             self._require_fresh_output(out)
         return out
 
@@ -174,6 +176,33 @@ class BoundRunner(Generic[Q]):
                 "still holds: that result is overwritten (a reused output workspace); a runner returns a new tensor "
                 "per call"
             )
+
+
+class _NoGradient(torch.autograd.Function):
+    """The output of a runner that computes no gradients, joined to the inputs that want one: its backward names
+    the runner instead of leaving their gradients without the MoE's part (adversarial pass 16, c01: a swapped block's
+    output did not require grad, and the loss's gradient came back 5-9% off, with no error)."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, out: torch.Tensor, runner: str, *inputs: torch.Tensor) -> torch.Tensor:
+        setattr(ctx, "runner", runner)  # FunctionCtx declares no attributes of its own
+        return out.clone()  # not a view: a caller may add into the output in place
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, *grads: torch.Tensor) -> None:
+        runner = getattr(ctx, "runner")
+        raise RuntimeError(
+            f"{runner} computes no gradients, and its output was differentiated (the hidden states or top-k weights "
+            "require grad): backpropagate through a backend that computes them (the reference backends), or run "
+            "the MoE under torch.no_grad() / torch.inference_mode()"
+        )
+
+
+def _without_gradient(out: torch.Tensor, runner: str, *inputs: torch.Tensor) -> torch.Tensor:
+    """A copy of ``out`` whose backward raises naming ``runner`` (:class:`_NoGradient`; only where gradients are
+    wanted, which inference does not)."""
+    joined: torch.Tensor = _NoGradient.apply(out, runner, *inputs)  # type: ignore[no-untyped-call]  # torch leaves apply unannotated
+    return joined
 
 
 _OUTPUTS: list[tuple[weakref.ref[torch.Tensor], str]] = []

@@ -405,6 +405,40 @@ def test_a_runner_returning_another_dtype_than_the_contract_is_named(gen: torch.
         BoundRunner(Float32Output(CONFIG), weights)(dispatch)
 
 
+@attrs.frozen
+class KernelLike:
+    """A runner that computes no gradients, as a kernel: the reference's output, computed without autograd."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        with torch.no_grad():
+            return create_runner(REFERENCE_DENSE, self.config).run(dispatch, quant_info)
+
+
+@pytest.mark.parametrize("wanting", ["hidden_states", "topk_weights"])
+def test_differentiating_a_runner_that_computes_no_gradients_names_it(gen: torch.Generator, wanting: str) -> None:
+    """Adversarial pass 16, c01: a swapped block on a kernel backend returned an output that did not require grad,
+    and d loss / d embeddings came back 5-9% off. The output now carries the inputs' graph; its backward names the
+    runner. The forward itself runs (plain calls without no_grad are common), adding into its output in place too."""
+    weights, dispatch = random_dense_layer(CONFIG, 6, torch.float32, torch.device("cpu"), int(torch.randint(2**31, (1,), generator=gen)))
+    x = dispatch.hidden_states.clone().requires_grad_(wanting == "hidden_states")
+    topk = dispatch.topk
+    w = topk.topk_weights.clone().requires_grad_(wanting == "topk_weights")
+    wanted = StandardDispatchOutput(x, TopKOutput(topk.topk_ids, w, num_experts=CONFIG.num_experts, check_values=False))
+    reference = REFERENCE_DENSE.bind(CONFIG, weights)(wanted)
+    source = x if wanting == "hidden_states" else w
+    assert torch.autograd.grad(reference.sum(), [source])[0].abs().sum() > 0  # the reference computes them
+    kernel = BoundRunner(KernelLike(CONFIG), weights)
+    out = kernel(wanted)
+    torch.testing.assert_close(out, reference, rtol=0, atol=0)
+    out += 1.0
+    with pytest.raises(RuntimeError, match="KernelLike computes no gradients, and its output was differentiated"):
+        torch.autograd.grad(out.sum(), [source])
+    with torch.no_grad():
+        assert not kernel(wanted).requires_grad
+
+
 def _fp16_only(device: DeviceSpec, layer: LayerSpec) -> Support:
     return Support.yes() if layer.dtype == torch.float16 else Support.no(f"fp16 hidden states only, not {layer.dtype}")
 
