@@ -592,18 +592,22 @@ class MoeCheckpoint:
         backend: str | None = None,
         strict: bool = False,
         keep_canonical: bool = False,
+        activation_dtype: torch.dtype | None = None,
     ) -> MoeScheme:
         """Layer ``layer`` through its scheme: created, loaded expert by expert, processed, ready to apply.
 
         ``config`` defaults to :meth:`runner_config` (all experts local);
         ``scheme`` to :meth:`scheme`; ``backend`` names one (default: chosen
         by capability), ``strict`` forbids degradation between formats,
-        ``keep_canonical`` keeps the canonical weights beside the backend's.
-        :meth:`load_into` does the same for a scheme object the caller made
-        (and keeps its type).
+        ``keep_canonical`` keeps the canonical weights beside the backend's;
+        ``activation_dtype`` is the hidden states' dtype the backend is chosen
+        for (default: the checkpoint's own, :attr:`dtype`: an fp16 model runs
+        fp16 hidden states). :meth:`load_into` does the same for a scheme
+        object the caller made (and keeps its type).
         """
         spec = self.scheme() if scheme is None else scheme
-        options = SchemeOptions(backend=backend, strict=strict)
+        dtype = self.dtype if activation_dtype is None else activation_dtype
+        options = SchemeOptions(backend=backend, strict=strict, activation_dtype=dtype)
         made = spec.for_layer(self.runner_config() if config is None else config, device, self.dtype, options)
         return self.load_into(layer, made, keep_canonical=keep_canonical)
 

@@ -44,6 +44,7 @@ from moe_core.expert_params import ExpertShard
 from moe_core.scheme import ExpertScheme, UnsupportedCheckpoint
 from moe_core.schemes.compressed_tensors_w4a4_nvfp4 import CompressedTensorsW4A4Nvfp4MoE
 from tests.checkpoint_oracles import (
+    FIXTURES,
     CT_NVFP4,
     CT_SPLIT,
     FIXTURES,
@@ -535,3 +536,20 @@ def test_fp8_shared_expert_codes_without_their_scale_are_refused(tmp_path: Path)
     save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"shared_experts\.up_proj\.weight: FP8 codes without their weight_scale"):
         MoeCheckpoint(target).shared_expert(layer)
+
+
+@pytest.mark.parametrize("dtype_name", ["float16", "float32"])
+def test_a_layer_is_chosen_for_the_checkpoints_own_dtype(tmp_path: Path, dtype_name: str) -> None:
+    """Adversarial pass 16, c02: an fp16 or fp32 checkpoint's layer was chosen for bf16 hidden states, so a bf16-only
+    kernel won and its own hidden states were then refused. ``load_layer`` asks for the checkpoint's dtype, or the
+    one named."""
+    directory = copy_checkpoint(FIXTURES / "qwen3_moe_fp8", tmp_path / "checkpoint")
+    edit_config(directory, dtype=dtype_name)
+    checkpoint = MoeCheckpoint(directory)
+    layer = checkpoint.load_layer(0)
+    assert isinstance(layer, ExpertScheme) and layer.activation_dtype == checkpoint.dtype == getattr(torch, dtype_name)
+    x = torch.randn(3, checkpoint.hidden_size).to(checkpoint.dtype)
+    out = layer.apply(StandardDispatchOutput(x, route(x, checkpoint.router(0), layer.config)))
+    assert out.dtype == checkpoint.dtype and bool(out.isfinite().all())
+    bf16 = checkpoint.load_layer(0, activation_dtype=torch.bfloat16)
+    assert isinstance(bf16, ExpertScheme) and bf16.activation_dtype == torch.bfloat16
