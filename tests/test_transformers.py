@@ -18,6 +18,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from torch import nn
+from torch.nn.utils import prune
 
 transformers = pytest.importorskip("transformers")
 
@@ -617,6 +618,42 @@ def test_a_block_with_the_callers_hooks_is_refused(gen: torch.Generator, where: 
     handle.remove()
     swap_moe_blocks(holder)
     assert isinstance(holder.mlp, MoeCoreBlock)
+
+
+@pytest.mark.parametrize("utility", ["spectral_norm", "qat"])
+def test_torch_utilities_that_change_what_a_module_computes_are_refused(gen: torch.Generator, utility: str) -> None:
+    """Silent (adversarial pass 16, c04): spectral norm on the router before any forward (its hook normalizes a
+    weight it has not written yet: 5.9e-2 off the hooked model) and quantization-aware shared-expert linears (their
+    forward fake-quantizes the weights the swap read as they are: 1.1e-2) came from torch, which the swap let be.
+    Only transformers' own hooks, standard modules' forwards, pruning and weight norm are let be now."""
+    family = "mixtral" if utility == "spectral_norm" else "qwen2_moe"
+    block = _block(family, gen)
+    holder = _Holder(block, _config(family))
+    if utility == "spectral_norm":
+        nn.utils.spectral_norm(block.get_submodule("gate"))
+        match = r"mlp\.gate: has 1 forward hook\(s\) or pre-hook\(s\) \(SpectralNorm"
+    else:
+        linear = block.get_submodule("shared_expert.down_proj")
+        assert isinstance(linear, nn.Linear)
+        linear.qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")  # type: ignore[no-untyped-call]  # torch.ao is unannotated
+        qat = torch.ao.nn.qat.Linear.from_float(linear)  # type: ignore[no-untyped-call]  # torch.ao is unannotated
+        block.get_submodule("shared_expert").down_proj = qat
+        match = r"mlp\.shared_expert\.down_proj: (its forward was replaced|has \d+ forward hook)"
+    with pytest.raises(ValueError, match=match):
+        swap_moe_blocks(holder)
+    assert holder.mlp is block
+
+
+def test_pruning_and_weight_norm_are_let_be(gen: torch.Generator) -> None:
+    """Their hooks recompute the weights the swap reads from their parts; the swapped block computes the hooked one."""
+    block = _block("mixtral", gen)
+    holder = _Holder(block, _config("mixtral"))
+    prune.l1_unstructured(block.get_submodule("gate"), "weight", 0.25)  # type: ignore[no-untyped-call]  # prune is unannotated
+    x = torch.randn(2, 5, 32, generator=gen)
+    with torch.no_grad():
+        want = _output(block(x))
+        swap_moe_blocks(holder)
+        assert _relative_error(_output(holder.mlp(x)), want) <= TOLERANCE
 
 
 def test_a_hook_on_a_module_the_swapped_block_keeps_runs_on(gen: torch.Generator) -> None:

@@ -963,14 +963,23 @@ def swap_moe_blocks(
     return tuple(SwappedBlock(path, block.family, block.layer.backend) for path, block in built)
 
 
-_OWN_CODE = ("transformers.", "torch.")
+_KNOWN_CODE = ("transformers.", "torch.nn.modules.", "torch.nn.utils.prune", "torch.nn.utils.weight_norm")
 """Where the forwards and hooks a swap may leave behind come from: transformers' own (its output-capturing hooks record
-router logits the swap refuses anyway) and torch's."""
+router logits the swap refuses anyway), torch's standard modules' forwards, and the pruning and weight-norm hooks,
+which recompute the weights the swap reads from their parts (the last ones they wrote). Anything else, torch's own
+included, is the caller's: spectral norm's hook normalizes a weight it has not yet written before the first forward,
+and quantization-aware modules fake-quantize theirs in their forward (adversarial pass 16, c04)."""
 
 
 def _theirs(function: object) -> bool:
-    """Whether ``function`` is the caller's rather than transformers' or torch's."""
-    return not str(getattr(function, "__module__", "")).startswith(_OWN_CODE)
+    """Whether ``function`` comes from elsewhere than :data:`_KNOWN_CODE` (the caller's, or a torch utility that
+    changes what a module computes)."""
+    return not str(getattr(function, "__module__", "")).startswith(_KNOWN_CODE)
+
+
+def _named(hook: object) -> str:
+    """A hook's name: a function's, or a hook object's class (spectral norm's, pruning's)."""
+    return str(getattr(hook, "__qualname__", type(hook).__qualname__))
 
 
 def _refuse_hooks(path: str, block: nn.Module, kept: nn.Module | None) -> None:
@@ -984,7 +993,7 @@ def _refuse_hooks(path: str, block: nn.Module, kept: nn.Module | None) -> None:
     if theirs:
         raise ValueError(
             f"{path}: {len(theirs)} forward hook(s) registered for every module "
-            f"({getattr(theirs[0], '__qualname__', theirs[0])}) would no longer see the block's router and experts once "
+            f"({_named(theirs[0])}) would no longer see the block's router and experts once "
             "swapped; remove them before swap_moe_blocks"
         )
     for name, module in block.named_modules():
@@ -994,7 +1003,7 @@ def _refuse_hooks(path: str, block: nn.Module, kept: nn.Module | None) -> None:
         hooks = [hook for hook in (*module._forward_hooks.values(), *module._forward_pre_hooks.values()) if _theirs(hook)]
         if hooks:
             raise ValueError(
-                f"{where}: has {len(hooks)} forward hook(s) or pre-hook(s) ({getattr(hooks[0], '__qualname__', hooks[0])}), "
+                f"{where}: has {len(hooks)} forward hook(s) or pre-hook(s) ({_named(hooks[0])}), "
                 "which the swapped block would not run; remove them before swap_moe_blocks and register them on the "
                 "swapped block"
             )
