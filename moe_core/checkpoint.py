@@ -365,9 +365,21 @@ class MoeCheckpoint:
             from moe_core.schemes import SCHEMES
 
             schemes = SCHEMES
+        quantization_config = self.quantization_config
+        if quantization_config is not None and quantization_config.get("quant_method") == "compressed-tensors":
+            from moe_core.schemes._compressed_tensors import expert_groups
+
+            modules = [
+                key.rsplit(".", 1)[0] for layer in self.moe_layers() if self.names.fused_experts is None
+                for key, _, _, name in self.expert_keys(layer) if name == "weight" or name.startswith("weight_packed")
+            ]
+            try:
+                quantization_config = expert_groups(quantization_config, modules)
+            except ValueError as error:
+                raise UnsupportedCheckpoint(f"{self.directory}: {error}") from None
         reasons = []
         for spec in schemes:
-            reason = spec.unsupported_reason(self.quantization_config)
+            reason = spec.unsupported_reason(quantization_config)
             if reason is None:
                 return spec
             reasons.append(f"{spec.name}: {reason}")

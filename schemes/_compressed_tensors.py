@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 
 
 def compressed_tensors_reason(
@@ -37,3 +38,44 @@ def compressed_tensors_reason(
             return None
         problems.append(f"{name}: {problem}")
     return f"no {what} config group (" + "; ".join(problems) + ")"
+
+
+def targets_module(target: str, module: str) -> bool:
+    """Whether a compressed-tensors ``targets`` or ``ignore`` entry names ``module``, an expert projection (a
+    ``Linear``): by class name ``Linear``, by a ``re:`` pattern matched from the name's start, or by the name itself."""
+    if target.startswith("re:"):
+        return re.match(target[3:], module) is not None
+    return target in ("Linear", module)
+
+
+def expert_groups(quantization_config: Mapping[str, object], modules: Sequence[str]) -> Mapping[str, object]:
+    """``quantization_config`` with only the config groups that quantize the expert projections ``modules``: those
+    naming them (by name or pattern) where any does, else those taking every ``Linear``. A mixed-precision checkpoint
+    quantizes its attention and its experts by different groups, and only the experts' says how their tensors are
+    stored (adversarial pass 16, c10).
+
+    Raises ``ValueError`` naming a projection that ``ignore`` leaves unquantized: such a layer's experts are stored
+    in another format than the rest.
+    """
+    ignore = quantization_config.get("ignore")
+    ignored = [module for module in modules if isinstance(ignore, list) and any(targets_module(str(t), module) for t in ignore)]
+    if ignored:
+        raise ValueError(
+            f"quantization_config.ignore leaves {len(ignored)} expert projection(s) unquantized ({ignored[0]}, ...): "
+            "experts stored in more than one format are not supported"
+        )
+    groups = quantization_config.get("config_groups")
+    if not isinstance(groups, Mapping) or not modules:
+        return quantization_config
+
+    def targets(group: object) -> list[str]:
+        found = group.get("targets") if isinstance(group, Mapping) else None
+        return [str(target) for target in found] if isinstance(found, list) else []
+
+    projections = list({module.rsplit(".", 1)[-1]: module for module in reversed(modules)}.values())  # one of each
+    named = {
+        name: group for name, group in groups.items()
+        if any(target != "Linear" and targets_module(target, module) for target in targets(group) for module in projections)
+    }
+    kept = named or {name: group for name, group in groups.items() if "Linear" in targets(group)}
+    return {**quantization_config, "config_groups": kept}

@@ -553,3 +553,28 @@ def test_a_layer_is_chosen_for_the_checkpoints_own_dtype(tmp_path: Path, dtype_n
     assert out.dtype == checkpoint.dtype and bool(out.isfinite().all())
     bf16 = checkpoint.load_layer(0, activation_dtype=torch.bfloat16)
     assert isinstance(bf16, ExpertScheme) and bf16.activation_dtype == torch.bfloat16
+
+
+def test_the_scheme_is_read_from_the_config_group_that_targets_the_experts(tmp_path: Path) -> None:
+    """Adversarial pass 16, c10: a mixed-precision compressed-tensors config (dynamic FP8 for the experts, static
+    per-tensor FP8 for attention) was read by its first group that any scheme takes, the attention's, and the experts'
+    per-channel scales were then refused as per-tensor ones; experts left unquantized by ``ignore`` were refused by
+    dtype. The experts' own group is read now, and ``ignore`` over experts is named."""
+    directory = copy_checkpoint(FIXTURES / "qwen3_moe_fp8_dynamic", tmp_path / "mixed")
+    config = json.loads((directory / "config.json").read_text())
+    quantization = config["quantization_config"]
+    experts = dict(quantization["config_groups"]["group_0"], targets=["re:.*mlp.experts.*"])
+    attention = copy.deepcopy(json.loads((FIXTURES / "qwen3_moe_fp8" / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"])
+    attention["targets"] = ["re:.*self_attn.*"]
+    edit_config(directory, quantization_config=dict(quantization, config_groups={"attention": attention, "experts": experts}))
+    checkpoint = MoeCheckpoint(directory)
+    assert checkpoint.scheme().name == "compressed-tensors-fp8-dynamic"
+    layer = checkpoint.load_layer(0)
+    x = torch.randn(3, checkpoint.hidden_size).to(checkpoint.dtype)
+    assert layer.apply(StandardDispatchOutput(x, route(x, checkpoint.router(0), layer.config))).isfinite().all()
+
+    static = copy_checkpoint(FIXTURES / "qwen3_moe_fp8", tmp_path / "ignored")
+    quantization = json.loads((static / "config.json").read_text())["quantization_config"]
+    edit_config(static, quantization_config=dict(quantization, ignore=["lm_head", "re:model\\.layers\\.0\\.mlp\\.experts\\..*"]))
+    with pytest.raises(UnsupportedCheckpoint, match=r"quantization_config.ignore leaves \d+ expert projection\(s\) unquantized \(model\.layers\.0\.mlp\.experts\."):
+        MoeCheckpoint(static).scheme()
