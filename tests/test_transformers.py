@@ -739,3 +739,18 @@ def test_experts_computing_another_activation_than_the_config_are_refused(gen: t
     with pytest.raises(ValueError, match="does not compute the config's silu"):
         swap_moe_blocks(holder)
     assert not isinstance(holder.mlp, MoeCoreBlock)
+
+
+def test_a_block_shared_by_two_layers_is_swapped_in_both(gen: torch.Generator) -> None:
+    """Adversarial pass 16, c12: a block module shared by two layers (named_modules() lists it once) was swapped in
+    the first layer only, and nothing said so. It is built once and replaced at every path."""
+    torch.manual_seed(int(torch.randint(2**31, (1,), generator=gen)))
+    model = transformers.MixtralForCausalLM(CONFIGS["mixtral"](num_hidden_layers=2)).eval()
+    model.model.layers[1].mlp = model.model.layers[0].mlp
+    ids = torch.randint(0, 64, (1, 6), generator=gen)
+    with torch.no_grad():
+        want = model(ids).logits
+        swapped = swap_moe_blocks(model)
+        assert [block.path for block in swapped] == ["model.layers.0.mlp", "model.layers.1.mlp"]
+        assert isinstance(model.model.layers[1].mlp, MoeCoreBlock) and model.model.layers[1].mlp is model.model.layers[0].mlp
+        assert _relative_error(model(ids).logits, want) <= TOLERANCE

@@ -923,7 +923,8 @@ def swap_moe_blocks(
     Each layer's backend is chosen for the weights' dtype on ``device``
     (default: where the weights are), or is the one named ``backend``;
     selection raises, naming every candidate's reasons, where none fits.
-    Returns what was replaced, with each chosen backend. A ValueError when
+    Returns what was replaced, with each chosen backend (a block that
+    several layers share is built once and replaced at each). A ValueError when
     the model has no block of a covered family; nothing is replaced when
     any block cannot be built.
     """
@@ -933,7 +934,9 @@ def swap_moe_blocks(
             "config.output_router_logits: a swapped block does not record router logits for transformers' output "
             "hooks (the model would fail inside transformers); set it to False before swap_moe_blocks"
         )
-    blocks = [(path, module) for path, module in model.named_modules() if type(module).__name__ in FAMILIES]
+    # every path, a block shared by several layers included (named_modules() lists a shared module once)
+    paths = [(path, module) for path, module in model.named_modules(remove_duplicate=False) if type(module).__name__ in FAMILIES]
+    blocks = list({id(module): (path, module) for path, module in reversed(paths)}.values())[::-1]
     if not blocks:
         raise ValueError(
             f"model: no sparse MoE block of a covered family in {type(model).__name__} "
@@ -955,12 +958,15 @@ def swap_moe_blocks(
         )
         replacement = MoeCoreBlock(layer, family.returns, family.name, parts.weights.w13.dtype, parts.post_norm)
         replacement.train(block.training)
-        built.append((path, replacement))
-    for path, replacement in built:
+        built.append((block, replacement))
+    replacements = {id(block): replacement for block, replacement in built}
+    for path, block in paths:
         parent_path, _, name = path.rpartition(".")
-        setattr(model.get_submodule(parent_path), name, replacement)
+        setattr(model.get_submodule(parent_path), name, replacements[id(block)])
     model.register_forward_pre_hook(_refuse_router_logits, with_kwargs=True)
-    return tuple(SwappedBlock(path, block.family, block.layer.backend) for path, block in built)
+    return tuple(
+        SwappedBlock(path, replacements[id(block)].family, replacements[id(block)].layer.backend) for path, block in paths
+    )
 
 
 _KNOWN_CODE = ("transformers.", "torch.nn.modules.", "torch.nn.utils.prune", "torch.nn.utils.weight_norm")
