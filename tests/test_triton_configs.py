@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from moe_core.backends.triton.configs import (
     CONFIG_DIR_VARIABLE,
     NVFP4_DEQUANTIZE_ROWS,
     KernelConfig,
+    checked_entry,
     choose,
     crossover_file,
     device_file,
@@ -83,3 +85,44 @@ def test_committed_crossovers_name_tuned_layers() -> None:
     for key, entry in data.items():  # the workspace path runs the layer's tuned bf16 tiles
         layer, _, fmt = key.rpartition(",")
         assert fmt in ("nvfp4", "mxfp4") and f"{layer},bf16" in tuned and int(entry["rows_per_expert"]) > 0
+
+
+def test_every_committed_table_entry_is_one_the_kernels_compute_with() -> None:
+    checked = 0
+    for path in CONFIG_DIR.glob("*.json"):
+        if path.name.endswith(".nvfp4_dequantize.json"):
+            continue
+        for key, entries in json.loads(path.read_text()).items():
+            for count, entry in entries.items():
+                checked_entry(entry, key.rsplit(",", 1)[1], f"{path.name}: {key}[{count}]")
+                checked += 1
+    assert checked > 0
+
+
+BAD_ENTRIES: dict[str, tuple[str, object, str]] = {
+    "block-m-differs": ("bf16", {"w13": W13.as_dict(), "w2": {**W2.as_dict(), "block_m": 64}}, "w13's block_m 32 and w2's 64 differ"),
+    "fp8-block-k-256": ("fp8-block", {"w13": {**W13.as_dict(), "block_k": 256}, "w2": W2.as_dict()}, r"w13.block_k: fp8-block K tiles hold 32 to 128 elements, got 256"),
+    "mxfp4-k-16": ("mxfp4", {"w13": W13.as_dict(), "w2": {**W2.as_dict(), "block_k": 16}}, r"w2.block_k: mxfp4 K tiles hold 32 to 256"),
+    "vllm-keys": ("bf16", {"w13": {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, "w2": W2.as_dict()}, r"w13: expected the fields"),
+    "no-w2": ("bf16", {"w13": W13.as_dict()}, r"expected a 'w2' config, got None"),
+    "not-a-power": ("bf16", {"w13": {**W13.as_dict(), "block_n": 96}, "w2": W2.as_dict()}, r"w13.block_n: expected a positive int \(a power of 2\), got 96"),
+}
+
+
+@pytest.mark.parametrize("case", [*BAD_ENTRIES, "truncated-json"])
+def test_a_malformed_tuned_table_is_refused_naming_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """Adversarial pass 16, c13: entries whose GEMMs disagree on block_m ran 1.1-1.3 off (NaN at times), 256-deep
+    block-FP8 K tiles 0.16-0.52 off; vLLM's keys, a missing w2, a 16-deep MXFP4 tile and truncated JSON were raw
+    errors naming no table. Each is refused naming the table file, the layer and the token count."""
+    monkeypatch.setenv(CONFIG_DIR_VARIABLE, str(tmp_path))
+    device = f"Malformed {case}"
+    path = device_file(device)
+    if case == "truncated-json":
+        path.write_text(json.dumps({layer_key(8, 1024, 512, 2, "bf16"): {"64": {"w13": W13.as_dict()}}})[:-7])
+        fmt, match = "bf16", r"Malformed_truncated-json.json: not a tuned table"
+    else:
+        fmt, entry, match = BAD_ENTRIES[case]
+        path.write_text(json.dumps({layer_key(8, 1024, 512, 2, fmt): {"64": entry}}))
+        match = re.escape(f"{path}: '8,1024,512,2,{fmt}'['64']") + r".*" + match
+    with pytest.raises(ValueError, match=match):
+        choose(device, 64, 2, 8, 1024, 512, fmt, False)

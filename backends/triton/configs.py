@@ -21,6 +21,7 @@ import functools
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import final
 
@@ -66,12 +67,56 @@ def device_file(device_name: str) -> Path:
 
 
 @functools.cache
-def _table(device_name: str) -> dict[str, dict[str, dict[str, dict[str, int]]]]:
+def _table(device_name: str) -> dict[str, object]:
     path = device_file(device_name)
     if not path.exists():
         return {}
-    data: dict[str, dict[str, dict[str, dict[str, int]]]] = json.loads(path.read_text())
+    try:
+        data: object = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not a tuned table ({error})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object of layer keys, got {type(data).__name__}")
     return data
+
+
+_FIELDS = frozenset(attrs.fields_dict(KernelConfig))
+
+
+def _tuned_gemm(entry: Mapping[str, object], gemm: str, where: str) -> KernelConfig:
+    """One GEMM's config of a tuned entry, its fields KernelConfig's, each a positive int (block sizes powers of 2)."""
+    config = entry.get(gemm)
+    if not isinstance(config, Mapping):
+        raise ValueError(f"{where}: expected a {gemm!r} config, got {config!r}")
+    unknown, missing = set(config) - _FIELDS, {"block_m", "block_n", "block_k"} - set(config)
+    if unknown or missing:
+        raise ValueError(
+            f"{where}.{gemm}: expected the fields {sorted(_FIELDS)} (block_m, block_n, block_k required), "
+            f"got unknown {sorted(unknown)} and missing {sorted(missing)} (a table written by benchmarks/tune_triton_moe.py)"
+        )
+    for name, value in config.items():
+        power = name.startswith("block_")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (power and value & (value - 1)):
+            raise ValueError(f"{where}.{gemm}.{name}: expected a positive int{' (a power of 2)' if power else ''}, got {value!r}")
+    return KernelConfig(**{name: int(str(value)) for name, value in config.items()})
+
+
+def checked_entry(entry: object, fmt: str, where: str) -> tuple[KernelConfig, KernelConfig]:
+    """A tuned entry's ``(w13, w2)`` configs, refused by name (``where``: the table, key and token count) unless the
+    kernels compute with them: one ``block_m`` for both GEMMs (the tokens are sorted once, in its blocks), and K
+    tiles the format's decoding and scales take (adversarial pass 16, c13: other row blocks read the sort's padding,
+    1.1-1.3 off; 256-deep block-FP8 tiles cross their 128-element scale blocks, 0.16-0.52 off)."""
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{where}: expected an entry with 'w13' and 'w2' configs, got {entry!r}")
+    w13, w2 = _tuned_gemm(entry, "w13", where), _tuned_gemm(entry, "w2", where)
+    if w13.block_m != w2.block_m:
+        raise ValueError(f"{where}: w13's block_m {w13.block_m} and w2's {w2.block_m} differ; both GEMMs read one sort of the tokens, in one block_m")
+    smallest = 32 if fmt in ONE_BYTE_FORMATS else 16
+    widest = 128 if fmt == "fp8-block" else 256
+    for gemm, config in (("w13", w13), ("w2", w2)):
+        if not smallest <= config.block_k <= widest:
+            raise ValueError(f"{where}.{gemm}.block_k: {fmt} K tiles hold {smallest} to {widest} elements, got {config.block_k}")
+    return w13, w2
 
 
 ONE_BYTE_FORMATS = ("nvfp4", "mxfp4", "fp8", "fp8-block")
@@ -210,9 +255,13 @@ def choose(
 
     Memoized: a forward asks with the same few arguments every step, and the answer is a pure function of them.
     """
-    entries = None if interpreted else _table(device_name).get(layer_key(experts, hidden, inter, top_k, fmt))
+    key = layer_key(experts, hidden, inter, top_k, fmt)
+    entries = None if interpreted else _table(device_name).get(key)
     if entries:
+        where = f"{device_file(device_name)}: {key!r}"
+        if not isinstance(entries, Mapping) or not all(isinstance(c, str) and c.isdigit() and int(c) > 0 for c in entries):
+            raise ValueError(f"{where}: expected entries by token count (positive integers), got {entries!r}")
         count = min(entries, key=lambda tuned: abs(math.log2(int(tuned) / tokens)))
         if abs(math.log2(int(count) / tokens)) <= MAX_TUNED_DISTANCE:
-            return KernelConfig(**entries[count]["w13"]), KernelConfig(**entries[count]["w2"])
+            return checked_entry(entries[count], fmt, f"{where}[{count!r}]")
     return heuristic(tokens, top_k, experts, hidden, inter, fmt, interpreted)
