@@ -531,12 +531,15 @@ class MoeCheckpoint:
             if weight.dtype in FLOAT8_DTYPES and block_scales is None and scale is None:
                 raise ValueError(f"{prefix}{projection}.weight: FP8 codes without their weight_scale or weight_scale_inv")
             codes: Fp8BlockExpertWeights | Fp8ExpertWeights | Fp8ChannelExpertWeights | None = None
-            if block_scales is not None:
-                codes = Fp8BlockExpertWeights(weight[None], Fp8BlockScales.from_checkpoint(block_scales[None]))
-            elif scale is not None and scale.numel() == 1:
-                codes = Fp8ExpertWeights(weight[None], ExpertFp8Scales.from_checkpoint(scale.reshape(1)))
-            elif scale is not None:  # the FP8 types check the scales' convention and shape, and the codes
-                codes = Fp8ChannelExpertWeights(weight[None], Fp8ChannelScales.from_checkpoint(scale.reshape(1, -1)))
+            try:  # the FP8 types check the scales' convention and shape, and the codes
+                if block_scales is not None:
+                    codes = Fp8BlockExpertWeights(weight[None], Fp8BlockScales.from_checkpoint(block_scales[None]))
+                elif scale is not None and scale.numel() == 1:
+                    codes = Fp8ExpertWeights(weight[None], ExpertFp8Scales.from_checkpoint(scale.reshape(1)))
+                elif scale is not None:
+                    codes = Fp8ChannelExpertWeights(weight[None], Fp8ChannelScales.from_checkpoint(scale.reshape(1, -1)))
+            except (TypeError, ValueError) as error:  # named by the checkpoint's tensor, as the routed experts' are
+                raise type(error)(f"{prefix}{projection}: {error}") from None
             if codes is not None:
                 weight = codes.dequantize(self.dtype)[0]
             projections[projection] = weight.to(self.dtype).to(torch.device("cpu") if device is None else device)

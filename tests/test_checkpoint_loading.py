@@ -538,6 +538,22 @@ def test_fp8_shared_expert_codes_without_their_scale_are_refused(tmp_path: Path)
         MoeCheckpoint(target).shared_expert(layer)
 
 
+def test_a_shared_expert_projection_of_another_fp8_dtype_is_named_by_its_tensor(tmp_path: Path) -> None:
+    """Adversarial pass 16, c05 b: an e5m2 shared projection was refused by the FP8 type's own message, naming no
+    checkpoint tensor (the README promises the name)."""
+    source = FIXTURES / "deepseek_v3_fp8"
+    tensors = load_file(str(source / "model.safetensors"))
+    layer = MoeCheckpoint(source).moe_layers()[0]
+    key = f"model.layers.{layer}.mlp.shared_experts.down_proj.weight"
+    tensors[key] = tensors[key].float().to(torch.float8_e5m2)
+    target = tmp_path / "deepseek_e5m2"
+    target.mkdir()
+    (target / "config.json").write_text((source / "config.json").read_text())
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(TypeError, match=rf"^{re.escape(key[: -len('.weight')])}: .*float8_e4m3fn"):
+        MoeCheckpoint(target).shared_expert(layer)
+
+
 @pytest.mark.parametrize("dtype_name", ["float16", "float32"])
 def test_a_layer_is_chosen_for_the_checkpoints_own_dtype(tmp_path: Path, dtype_name: str) -> None:
     """Adversarial pass 16, c02: an fp16 or fp32 checkpoint's layer was chosen for bf16 hidden states, so a bf16-only
