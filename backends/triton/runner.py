@@ -10,7 +10,9 @@ in a CUDA graph and replayed.
 What a forward launches depends only on the weights, the token count, the
 dtypes and the device: the runner keeps it per quant info (while that
 lives) and key (:class:`ForwardMemo`), with each kernel's launch site, so a
-repeated forward (decode) skips the plan and Triton's per-launch binding.
+repeated forward (decode) skips the plan and Triton's per-launch binding, and
+with its recorded decode launches (:mod:`.replay`), so it skips the forward's
+own Python too.
 """
 
 from __future__ import annotations
