@@ -8,6 +8,7 @@ import pickle
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -523,17 +524,30 @@ def test_every_loaded_scheme_travels_through_plain_pickle(fixture: str, gen: tor
     assert torch.equal(copied.apply(dispatch), scheme.apply(dispatch))
 
 
-def test_fp8_shared_expert_codes_without_their_scale_are_refused(tmp_path: Path) -> None:
-    """Silent (adversarial pass 15, c06): FP8 shared-expert codes without a scale were read with scale 1 (896-1410
-    off); a routed expert missing the same tensor is refused by name, and so is the shared expert now."""
+def _deepseek_shared_expert_edited(
+    tmp_path: Path, name: str, edit: Callable[[torch.Tensor], torch.Tensor] | None
+) -> tuple[Path, int]:
+    """The DeepSeek-V3 FP8 fixture with its first MoE layer's shared-expert tensor ``name`` edited (None: deleted),
+    and that layer."""
     source = FIXTURES / "deepseek_v3_fp8"
     tensors = load_file(str(source / "model.safetensors"))
     layer = MoeCheckpoint(source).moe_layers()[0]
-    del tensors[f"model.layers.{layer}.mlp.shared_experts.up_proj.weight_scale_inv"]
-    target = tmp_path / "deepseek_scale_missing"
+    key = f"model.layers.{layer}.mlp.shared_experts.{name}"
+    if edit is None:
+        del tensors[key]
+    else:
+        tensors[key] = edit(tensors[key])
+    target = tmp_path / "deepseek_edited"
     target.mkdir()
     (target / "config.json").write_text((source / "config.json").read_text())
     save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target, layer
+
+
+def test_fp8_shared_expert_codes_without_their_scale_are_refused(tmp_path: Path) -> None:
+    """Silent (adversarial pass 15, c06): FP8 shared-expert codes without a scale were read with scale 1 (896-1410
+    off); a routed expert missing the same tensor is refused by name, and so is the shared expert now."""
+    target, layer = _deepseek_shared_expert_edited(tmp_path, "up_proj.weight_scale_inv", None)
     with pytest.raises(ValueError, match=r"shared_experts\.up_proj\.weight: FP8 codes without their weight_scale"):
         MoeCheckpoint(target).shared_expert(layer)
 
@@ -541,16 +555,8 @@ def test_fp8_shared_expert_codes_without_their_scale_are_refused(tmp_path: Path)
 def test_a_shared_expert_projection_of_another_fp8_dtype_is_named_by_its_tensor(tmp_path: Path) -> None:
     """Adversarial pass 16, c05 b: an e5m2 shared projection was refused by the FP8 type's own message, naming no
     checkpoint tensor (the README promises the name)."""
-    source = FIXTURES / "deepseek_v3_fp8"
-    tensors = load_file(str(source / "model.safetensors"))
-    layer = MoeCheckpoint(source).moe_layers()[0]
-    key = f"model.layers.{layer}.mlp.shared_experts.down_proj.weight"
-    tensors[key] = tensors[key].float().to(torch.float8_e5m2)
-    target = tmp_path / "deepseek_e5m2"
-    target.mkdir()
-    (target / "config.json").write_text((source / "config.json").read_text())
-    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(TypeError, match=rf"^{re.escape(key[: -len('.weight')])}: .*float8_e4m3fn"):
+    target, layer = _deepseek_shared_expert_edited(tmp_path, "down_proj.weight", lambda codes: codes.float().to(torch.float8_e5m2))
+    with pytest.raises(TypeError, match=rf"^model\.layers\.{layer}\.mlp\.shared_experts\.down_proj: .*float8_e4m3fn"):
         MoeCheckpoint(target).shared_expert(layer)
 
 
