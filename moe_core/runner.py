@@ -191,12 +191,22 @@ renormalize (a softmax top-k of k < E experts, or k sigmoid scores, sums to 1 wi
 coincidence, not on four)."""
 
 
-def _renormalized(sums: torch.Tensor, top_k: int, num_experts: int) -> bool:
-    """Whether every token's weights sum to 1 within float32 rounding of a renormalization, over enough tokens to
-    tell (:data:`RENORMALIZED_EVIDENCE`), with fewer slots than experts."""
-    if sums.numel() < RENORMALIZED_EVIDENCE or top_k >= num_experts:
+SATURATED_WEIGHT = 1 - 1e-3
+"""A token whose largest of several weights reaches this is a saturated router's (nearly all its mass on one
+expert): its weights sum to 1 under any method, so it is no evidence of renormalization (adversarial pass 16,
+c17). One weight renormalized is exactly 1, which a sigmoid reaches only past a logit of about 17."""
+
+
+def _renormalized(weights: torch.Tensor, sums: torch.Tensor, num_experts: int) -> bool:
+    """Whether every token's weights sum to 1 within float32 rounding of a renormalization (a top-1's weight is 1
+    exactly), over enough tokens that are not saturated to tell (:data:`RENORMALIZED_EVIDENCE`,
+    :data:`SATURATED_WEIGHT`), with fewer slots than experts."""
+    top_k = weights.shape[1]
+    if top_k >= num_experts or float((sums - 1).abs().max()) > 4 * top_k * torch.finfo(torch.float32).eps:
         return False
-    return float((sums - 1).abs().max()) <= 4 * top_k * torch.finfo(torch.float32).eps
+    if top_k == 1:
+        return bool((weights == 1.0).all()) and weights.shape[0] >= RENORMALIZED_EVIDENCE
+    return int((weights.amax(dim=1) < SATURATED_WEIGHT).sum()) >= RENORMALIZED_EVIDENCE
 
 
 def _require_routed_weights(weights: torch.Tensor, config: MoeRunnerConfig, routed: bool) -> None:
@@ -223,7 +233,7 @@ def _require_routed_weights(weights: torch.Tensor, config: MoeRunnerConfig, rout
     # below the sum, which is nearly everywhere: its bound is at most one, its weights' sums are no evidence
     floored = isinstance(method, GroupedTopK) and method.renormalize
     suspect = not (bad or routed or floored) and bound is not RoutedWeights.SUM_TO_ONE
-    if suspect and _renormalized(sums, weights.shape[1], config.num_experts):
+    if suspect and _renormalized(weights, sums, config.num_experts):
         raise ValueError(
             f"topk_weights: {method.value} routing does not renormalize its weights, yet every one of the "
             f"{int(sums.numel())} tokens' weights sums to 1 (renormalized weights, or another routing method's; build "

@@ -141,3 +141,23 @@ def test_a_confident_routers_own_top_k_runs_though_its_weights_sum_to_one(
     out = forward(StandardDispatchOutput(x, topk))
     expected = forward(StandardDispatchOutput(x, TopKOutput(topk.topk_ids, topk.topk_weights, num_experts=E, check_values=False)))
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("routing", [RoutingMethod.SOFTMAX_TOPK, Llama4Sigmoid()], ids=lambda value: getattr(value, "value", str(value)))
+def test_an_engines_own_saturated_top_k_without_logits_runs(gen: torch.Generator, routing: Routing) -> None:
+    """Adversarial pass 16, c17: an engine's own top-k (ids and weights, no router logits) of a saturated router sums
+    to 1 on every token; such tokens are no evidence of renormalization, so it runs. Renormalized weights of an
+    ordinary router are still refused (the test above)."""
+    top_k = 1 if isinstance(routing, Llama4Sigmoid) else 2
+    config, weights, x = _layer(gen, routing, top_k, 1.0)
+    logits = torch.randn(T, E, generator=gen)
+    if top_k == 2:
+        logits[:, 5] += 40.0
+    else:
+        logits[:, 5] = 15.5 + torch.rand(T, generator=gen) / 2  # sigmoid 0.9999998..., within rounding of 1, not 1
+    own = select_experts(logits, config, score_correction_bias=None)
+    assert float((own.topk_weights.sum(dim=1) - 1).abs().max()) < 1e-6
+    forward = REFERENCE_DENSE.bind(config, weights)
+    out = forward(StandardDispatchOutput(x, TopKOutput(own.topk_ids, own.topk_weights, num_experts=E)))
+    expected = forward(StandardDispatchOutput(x, own))
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
