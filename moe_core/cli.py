@@ -379,7 +379,7 @@ def _check_checkpoint(args: argparse.Namespace, plugin_errors: dict[str, str]) -
     layer = layers[0] if args.layer is None and layers else args.layer
     spec = checkpoint.scheme()
     _progress(f"moe-core check: loading layer {layer} of {checkpoint.directory} through the {spec.name} scheme")
-    scheme = checkpoint.load_layer(layer, device=args.device, keep_canonical=True)
+    scheme = checkpoint.load_layer(layer, device=args.device, keep_canonical=True, activation_dtype=_dtype(args.dtype))
     weights = scheme.weights
     checks = [check for check in FORMAT_CHECKS if check.format is spec.format]
     if weights is None or not checks:

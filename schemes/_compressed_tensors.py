@@ -48,21 +48,24 @@ def targets_module(target: str, module: str) -> bool:
     return target in ("Linear", module)
 
 
-def expert_groups(quantization_config: Mapping[str, object], modules: Sequence[str]) -> Mapping[str, object]:
+def expert_groups(quantization_config: Mapping[str, object], modules: Sequence[str]) -> Mapping[str, object] | None:
     """``quantization_config`` with only the config groups that quantize the expert projections ``modules``: those
     naming them (by name or pattern) where any does, else those taking every ``Linear``. A mixed-precision checkpoint
     quantizes its attention and its experts by different groups, and only the experts' says how their tensors are
-    stored (adversarial pass 16, c10).
+    stored (adversarial pass 16, c10). None where ``ignore`` leaves every one of them unquantized (attention-only
+    quantization: the experts are unquantized).
 
-    Raises ``ValueError`` naming a projection that ``ignore`` leaves unquantized: such a layer's experts are stored
-    in another format than the rest.
+    Raises ``ValueError`` naming a projection that ``ignore`` leaves unquantized while others are not: experts
+    stored in two formats.
     """
     ignore = quantization_config.get("ignore")
     ignored = [module for module in modules if isinstance(ignore, list) and any(targets_module(str(t), module) for t in ignore)]
+    if ignored and len(ignored) == len(modules):
+        return None
     if ignored:
         raise ValueError(
-            f"quantization_config.ignore leaves {len(ignored)} expert projection(s) unquantized ({ignored[0]}, ...): "
-            "experts stored in more than one format are not supported"
+            f"quantization_config.ignore leaves {len(ignored)} of {len(modules)} expert projections unquantized "
+            f"({ignored[0]}, ...): experts stored in more than one format are not supported"
         )
     groups = quantization_config.get("config_groups")
     if not isinstance(groups, Mapping) or not modules:

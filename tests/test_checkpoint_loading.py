@@ -598,5 +598,13 @@ def test_the_scheme_is_read_from_the_config_group_that_targets_the_experts(tmp_p
     static = copy_checkpoint(FIXTURES / "qwen3_moe_fp8", tmp_path / "ignored")
     quantization = json.loads((static / "config.json").read_text())["quantization_config"]
     edit_config(static, quantization_config=dict(quantization, ignore=["lm_head", "re:model\\.layers\\.0\\.mlp\\.experts\\..*"]))
-    with pytest.raises(UnsupportedCheckpoint, match=r"quantization_config.ignore leaves \d+ expert projection\(s\) unquantized \(model\.layers\.0\.mlp\.experts\."):
+    with pytest.raises(UnsupportedCheckpoint, match=r"quantization_config.ignore leaves \d+ of \d+ expert projections unquantized \(model\.layers\.0\.mlp\.experts\."):
         MoeCheckpoint(static).scheme()
+
+    attention_only = copy_checkpoint(FIXTURES / "qwen3_moe_bf16", tmp_path / "attention_only")
+    edit_config(attention_only, quantization_config=dict(quantization, ignore=["lm_head", "re:.*mlp\\.experts.*"]))
+    checkpoint = MoeCheckpoint(attention_only)
+    assert checkpoint.scheme().name == "unquantized"  # every expert ignored: the experts are unquantized (c20 v2)
+    layer = checkpoint.load_layer(0)
+    x = torch.randn(3, checkpoint.hidden_size).to(checkpoint.dtype)
+    assert layer.apply(StandardDispatchOutput(x, route(x, checkpoint.router(0), layer.config))).isfinite().all()

@@ -52,6 +52,10 @@ from moe_core.backends.reference import (
     reference_supports,
 )
 from moe_core.registry import ENTRY_POINT_GROUP
+from moe_core.checkpoint import MoeCheckpoint
+from moe_core.distributed import LocalDispatcher, load_expert_parallel
+from moe_core.routing import route
+from tests.checkpoint_oracles import FIXTURES
 from moe_core.synthetic import random_dense_layer, random_nvfp4_layer
 from tests.type_cases.accepted import third_party_backend
 from tests.type_cases.accepted.third_party_backend import ScaledIdentityQuantInfo
@@ -464,6 +468,29 @@ def test_a_route_binds_for_the_dtype_it_runs_and_refuses_another(gen: torch.Gene
     wide = StandardDispatchOutput(dispatch.hidden_states.float(), dispatch.topk)
     with pytest.raises(BackendSelectionError, match=r"does not run this layer's torch.float32 hidden states: fp16 hidden states only"):
         fp16.route(DENSE).bind(CONFIG, weights)(wide)
+
+
+@pytest.mark.usefixtures("isolated_registry")
+@pytest.mark.parametrize("how", ["load_layer", "load_expert_parallel"])
+def test_a_checkpoint_layer_is_chosen_for_the_hidden_states_dtype_asked(how: str) -> None:
+    """Adversarial pass 16, c02 and c18: with an fp16-only kernel installed, a bf16 checkpoint served in fp16 was
+    bound for bf16 (the reference) or, through load_expert_parallel, could not be asked for fp16 at all. Both take
+    ``activation_dtype`` and choose the kernel for it; by default they choose for the checkpoint's dtype."""
+    register_backend(
+        "test-fp16-only", description="", factory=REFERENCE_DENSE.factory, supports=_fp16_only,
+        conversions=REFERENCE_DENSE.conversions, priority=Priority(Tier.KERNEL),
+    )
+    checkpoint = MoeCheckpoint(FIXTURES / "qwen3_moe_bf16")
+    x = torch.randn(3, checkpoint.hidden_size).half()
+    topk = route(x, checkpoint.router(0), checkpoint.runner_config())
+    if how == "load_layer":
+        layer = checkpoint.load_layer(0, activation_dtype=torch.float16)
+        assert layer.backend_summary().startswith("unquantized: backend test-fp16-only")
+        assert not checkpoint.load_layer(0).backend_summary().startswith("unquantized: backend test-fp16-only")
+        out = layer.apply(StandardDispatchOutput(x, topk))
+    else:
+        out = load_expert_parallel(checkpoint, 0, LocalDispatcher(), device=torch.device("cpu"), activation_dtype=torch.float16)(x, topk)
+    assert out.dtype == torch.float16 and bool(out.isfinite().all())
 
 
 @pytest.mark.usefixtures("isolated_registry")

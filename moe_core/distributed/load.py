@@ -22,6 +22,7 @@ def load_expert_parallel(
     device: torch.device,
     backend: str | None = None,
     strict: bool = False,
+    activation_dtype: torch.dtype | None = None,
 ) -> ExpertParallelMoe[StandardDispatchOutput, HandleT]:
     """Layer ``layer`` of ``checkpoint`` on this rank, behind ``dispatcher``: call it with this rank's tokens and routing.
 
@@ -30,7 +31,8 @@ def load_expert_parallel(
     while static input scales are read for every expert and collapse over the
     whole layer (every rank quantizes a token alike); the backend is chosen
     for that config on ``device`` (``backend`` forces one by name, ``strict``
-    forbids degradation). A single-rank caller needs none of this:
+    forbids degradation) and for the hidden states' ``activation_dtype`` (default:
+    the checkpoint's own, as :meth:`MoeCheckpoint.load_layer`). A single-rank caller needs none of this:
     ``checkpoint.load_layer(layer)``.
     """
     if not isinstance(checkpoint, MoeCheckpoint):
@@ -38,5 +40,8 @@ def load_expert_parallel(
     if not isinstance(device, torch.device):
         raise TypeError(f"device: expected a torch.device, got {device!r}")
     whole = checkpoint.runner_config()
-    scheme = checkpoint.load_layer(layer, device=device, config=dispatcher.runner_config(whole), backend=backend, strict=strict)
+    scheme = checkpoint.load_layer(
+        layer, device=device, config=dispatcher.runner_config(whole), backend=backend, strict=strict,
+        activation_dtype=activation_dtype,
+    )
     return ExpertParallelMoe(dispatcher, scheme.apply, config=whole)
