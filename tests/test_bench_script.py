@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -68,3 +69,15 @@ def test_verdict_against_the_bar(backend: str, shape: str, tokens: int, ms: floa
     Mixtral T=1; 0.85x vLLM bf16's speed in prefill) for NVFP4 W4A16 rows, 0.85x vLLM bf16's speed for MXFP4 W4A16
     rows at every T; rows without one get no verdict."""
     assert bench_moe.verdict({"backend": backend, "shape": shape, "tokens": tokens, "ms": ms}) == expected
+
+
+def test_the_host_python_benchmark_prints_each_formats_row() -> None:
+    """``benchmarks/host_python.py`` runs on a CPU (every launch stubbed) and prints one row per format."""
+    result = subprocess.run(
+        [sys.executable, "benchmarks/host_python.py", "--calls", "30", "--rounds", "1"],
+        capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
+    )
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:3] == ["format", "replayed", "us"]
+    assert [line.split()[0] for line in lines[1:]] == ["dense", "fp8-dynamic", "fp8-block"]
+    assert all(float(value) > 0 for line in lines[1:] for value in line.split()[1:])
