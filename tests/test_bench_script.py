@@ -80,4 +80,6 @@ def test_the_host_python_benchmark_prints_each_formats_row() -> None:
     lines = result.stdout.splitlines()
     assert lines[0].split()[:3] == ["format", "replayed", "us"]
     assert [line.split()[0] for line in lines[1:]] == ["dense", "fp8-dynamic", "fp8-block"]
-    assert all(float(value) > 0 for line in lines[1:] for value in line.split()[1:])
+    for line in lines[1:]:  # the last column is a difference of two timings: noise may make it negative
+        replayed, plain, ratio, bound, _ = (float(value) for value in line.split()[1:])
+        assert min(replayed, plain, ratio, bound) > 0
