@@ -709,8 +709,8 @@ _REGISTRY: dict[str, _Slot] = {}
 _DISCOVERY: dict[str, str | None] = {}
 """Each discovered module (in-tree module or entry point) and the error that stopped it, or None; empty until the
 first discovery."""
-_DISCOVERING: list[bool] = []
-"""Non-empty while :func:`discover_backends` runs (the modules it imports register through it)."""
+_DISCOVERING: list[int] = []
+"""The discovering thread's id while :func:`discover_backends` runs (the modules it imports register through it)."""
 _DISCOVERY_LOCK = threading.RLock()
 """Held by the thread that discovers: another thread's first question waits for the whole table (adversarial pass
 16, c03: threads asking at once found an empty or partial one, and chose an oracle over the kernel)."""
@@ -744,7 +744,11 @@ def register_backend(
         raise ValueError(
             f"name: expected lowercase letters, digits, '-', '.', '_' or '+', starting with a letter or digit, got {name!r}"
         )
-    discover_backends()  # moe-core's own names are taken first, also by a plugin that registers before anyone asked
+    if not _DISCOVERING or _DISCOVERING == [threading.get_ident()]:
+        # moe-core's own names are taken first, also by a plugin that registers before anyone asked; while another
+        # thread discovers, a module imported here registers without waiting for it: that thread may be waiting for
+        # this module's import, which this thread holds (adversarial pass 17, c10: both hung)
+        discover_backends()
     if name in _REGISTRY:
         raise ValueError(f"name: a backend named {name!r} is already registered")
     if not isinstance(priority, Priority):
@@ -824,7 +828,7 @@ def discover_backends() -> dict[str, str | None]:
     with _DISCOVERY_LOCK:  # re-entered by the discovering thread's own registrations, which see what loaded so far
         if _DISCOVERY or _DISCOVERING:
             return dict(_DISCOVERY)
-        _DISCOVERING.append(True)
+        _DISCOVERING.append(threading.get_ident())
         try:
             _discover()
         finally:

@@ -382,6 +382,29 @@ def test_threads_asking_first_all_wait_for_the_whole_table() -> None:
     assert seen == str([tuple(int(n) for n in after.rstrip(")").split(", "))] * 8), result.stdout + result.stderr
 
 
+def test_importing_a_backend_while_another_thread_discovers_does_not_hang() -> None:
+    """Adversarial pass 17, c10: thread B imported ``moe_core.backends.triton`` (holding its import lock; its
+    registration waited for the discovery lock) while thread A's first ``choose()`` held the discovery lock and waited
+    to import that module: both hung, every time. A registration made while another thread discovers no longer
+    waits for it."""
+    program = (
+        "import threading, torch, moe_core\n"
+        "from moe_core import DENSE, LayerSpec, MoeRunnerConfig\n"
+        "done = {}\n"
+        "def a():\n"
+        "    config = MoeRunnerConfig(num_experts=4, hidden_size=64, intermediate_size_per_partition=32, top_k=2)\n"
+        "    done['a'] = moe_core.choose(DENSE, torch.device('cpu'), LayerSpec(config, DENSE, torch.bfloat16)).chosen.name\n"
+        "def b():\n"
+        "    import moe_core.backends.triton\n"
+        "    done['b'] = 'imported'\n"
+        "threads = [threading.Thread(target=b, daemon=True), threading.Thread(target=a, daemon=True)]\n"
+        "[t.start() for t in threads]; [t.join(30) for t in threads]\n"
+        "print(sorted(done.items()))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=120)
+    assert result.stdout.strip() == "[('a', 'reference-dense'), ('b', 'imported')]", result.stdout + result.stderr
+
+
 def test_a_route_refuses_to_bind_a_config_its_backend_refuses(gen: torch.Generator) -> None:
     """Chosen for one layer, bound to another: the backend's answer for the bound config decides."""
     weights, _ = random_nvfp4_layer(CONFIG, 6, torch.float32, torch.device("cpu"), int(torch.randint(2**31, (1,), generator=gen)))
