@@ -16,7 +16,7 @@ from moe_core.backends.triton import launch as launch_module
 from moe_core.backends.triton import plans
 from moe_core.backends.triton.launch import Fp8Inputs, Gemm, fused_moe
 from moe_core.backends.triton.launcher import THROUGH_TRITON, KernelLauncher
-from moe_core.backends.triton.replay import Inputs, Replay
+from moe_core.backends.triton.replay import RECORDINGS, Inputs, Replay
 from moe_core.backends.triton.runner import TritonRunner
 from moe_core.backends.triton.scratch import FRESH, KeptScratch, Scratch, forward_scratch
 from moe_core.registry import BoundRunner
@@ -140,3 +140,22 @@ def test_a_replay_holds_none_of_the_callers_tensors(gen: torch.Generator) -> Non
     del batch
     gc.collect()
     assert all(ref() is None for ref in refs)
+
+
+def test_a_forward_whose_buffers_keep_being_dropped_stops_recording(gen: torch.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode forwards of many shapes over the kept bytes drop each other's buffers; recording every call would cost
+    more than the forward, so after RECORDINGS recordings the forward runs as itself (adversarial pass 17's note)."""
+    forward, runner = _bound(gen, "dense")
+    calls = _python_forwards(monkeypatch)
+    kept = forward_scratch(1, 0, torch.device("cpu")) if not CUDA else None
+    if kept is None:
+        pytest.skip("the CPU's kept scratch (stream 0) is dropped here")
+    assert isinstance(kept, KeptScratch)
+    for _ in range(RECORDINGS + 2):
+        out, own = _afresh(gen, forward, runner)
+        torch.testing.assert_close(out, own, rtol=0, atol=0)
+        kept._kept.clear()
+        gc.collect()
+    assert len(calls) == RECORDINGS + 2 and runner.memo.replays(forward.quant_info) == [None]
+    out, own = _afresh(gen, forward, runner)
+    torch.testing.assert_close(out, own, rtol=0, atol=0)

@@ -179,18 +179,26 @@ def record(
     return out, Replay(tuple(steps), tuple(weakref.ref(buffer) for buffer in buffers))
 
 
+RECORDINGS = 3
+"""The most times one memo key records its forward for one kept scratch: a replay whose kept buffers keep being
+dropped (decode forwards of many shapes over :data:`~.scratch.KEPT_BYTES`) would record every call, each slower
+than the forward itself, so after this many the forward runs as itself."""
+
+
 @final
 class Replays:
     """One memo key's replays, one per kept scratch (stream and thread), while that scratch lives."""
 
-    __slots__ = ("_by_scratch", "_weights")
+    __slots__ = ("_by_scratch", "_recordings", "_weights")
 
     def __init__(self, weights: Sequence[torch.Tensor]) -> None:
         self._weights = tuple(weights)
         self._by_scratch: weakref.WeakKeyDictionary[KeptScratch, Replay | None] = weakref.WeakKeyDictionary()
+        self._recordings: weakref.WeakKeyDictionary[KeptScratch, int] = weakref.WeakKeyDictionary()
 
     def recorded(self) -> list[Replay | None]:
-        """The replay recorded per live kept scratch, None where the forward could not be."""
+        """The replay recorded per live kept scratch, None where the forward could not be (or was recorded
+        :data:`RECORDINGS` times)."""
         return list(self._by_scratch.values())
 
     def run(self, forward: Forward, inputs: Inputs, launcher: KernelLauncher, scratch: KeptScratch) -> torch.Tensor:
@@ -203,5 +211,9 @@ class Replays:
             out = replay.run(inputs, launcher)
             if out is not None:
                 return out
+        recordings = self._recordings[scratch] = self._recordings.get(scratch, 0) + 1
+        if recordings > RECORDINGS:
+            self._by_scratch[scratch] = None
+            return forward(inputs, launcher)
         out, self._by_scratch[scratch] = record(forward, inputs, launcher, scratch, self._weights)
         return out
