@@ -14,13 +14,16 @@ A forward is recorded only where repeating its launches repeats all it did:
 - each torch operation it makes is an allocation or a view (anything else,
   a ``fill_`` say, refuses the record: a replay would skip it);
 - each tensor it hands a kernel is one of the call's (at its start), a
-  buffer its scratch keeps (at its start: the replay takes it from the
-  scratch's record again, and finds a buffer since dropped), or memory of the
+  buffer its scratch keeps (at its start; the replay holds it weakly, and
+  records again where the scratch has dropped it since), or memory of the
   weights. A buffer allocated for this forward alone (prefill's, a
   workspace's) refuses the record.
 
 Every kernel of a forward is launched through its
-:class:`~.launcher.Launcher`, which is what the record sees.
+:class:`~.launcher.Launcher`, which is what the record sees. A replay fills
+its argument lists for each call and clears them after (it keeps none of the
+caller's tensors); it belongs to one stream and thread's scratch, so no two
+threads run it at once.
 """
 
 from __future__ import annotations
