@@ -106,6 +106,8 @@ BAD_ENTRIES: dict[str, tuple[str, object, str]] = {
     "vllm-keys": ("bf16", {"w13": {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}, "w2": W2.as_dict()}, r"w13: expected the fields"),
     "no-w2": ("bf16", {"w13": W13.as_dict()}, r"expected a 'w2' config, got None"),
     "not-a-power": ("bf16", {"w13": {**W13.as_dict(), "block_n": 96}, "w2": W2.as_dict()}, r"w13.block_n: expected a positive int \(a power of 2\), got 96"),
+    "three-warps": ("bf16", {"w13": W13.as_dict(), "w2": {**W2.as_dict(), "num_warps": 3}}, r"w2.num_warps: expected a positive int \(a power of 2\), got 3"),
+    "eight-rows": ("bf16", {"w13": {**W13.as_dict(), "block_m": 8}, "w2": {**W2.as_dict(), "block_m": 8}}, r"w13: tiles of at least 16 rows and columns .*, got 8 x 128"),
 }
 
 

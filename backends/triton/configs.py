@@ -95,7 +95,7 @@ def _tuned_gemm(entry: Mapping[str, object], gemm: str, where: str) -> KernelCon
             f"got unknown {sorted(unknown)} and missing {sorted(missing)} (a table written by benchmarks/tune_triton_moe.py)"
         )
     for name, value in config.items():
-        power = name.startswith("block_")
+        power = name.startswith("block_") or name == "num_warps"  # Triton takes warps in powers of 2 only
         if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (power and value & (value - 1)):
             raise ValueError(f"{where}.{gemm}.{name}: expected a positive int{' (a power of 2)' if power else ''}, got {value!r}")
     return KernelConfig(**{name: int(str(value)) for name, value in config.items()})
@@ -116,6 +116,8 @@ def checked_entry(entry: object, fmt: str, where: str) -> tuple[KernelConfig, Ke
     for gemm, config in (("w13", w13), ("w2", w2)):
         if not smallest <= config.block_k <= widest:
             raise ValueError(f"{where}.{gemm}.block_k: {fmt} K tiles hold {smallest} to {widest} elements, got {config.block_k}")
+        if min(config.block_m, config.block_n) < 16:  # tl.dot's smallest tile
+            raise ValueError(f"{where}.{gemm}: tiles of at least 16 rows and columns (tl.dot's smallest), got {config.block_m} x {config.block_n}")
     return w13, w2
 
 
