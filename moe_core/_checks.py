@@ -330,10 +330,26 @@ class WriteCount:
         return now - self.count
 
 
-def none_moved(counts: Sequence[WriteCount]) -> bool:
-    """Whether every counted tensor still has its counter and its memory (counted ones only: no inference tensors),
-    asked on every call of a bound layer before the slower :meth:`WriteCount.writes` looks at any that moved."""
-    for counted in counts:
+def byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``tensor`` addresses, as ``[start, stop)`` (its first element to one past its last)."""
+    start = tensor.data_ptr()
+    reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())) + 1
+    return start, start + reach * tensor.element_size()
+
+
+def overlaps(one: torch.Tensor, other: torch.Tensor) -> bool:
+    """Whether the byte spans the two tensors address on one device intersect (never for empty or meta tensors)."""
+    if one.device != other.device or 0 in (one.data_ptr(), other.data_ptr()) or 0 in (one.numel(), other.numel()):
+        return False
+    (first, stop), (other_first, other_stop) = byte_span(one), byte_span(other)
+    return first < other_stop and other_first < stop
+
+
+def none_moved(counts: Sequence[tuple[str, WriteCount]]) -> bool:
+    """Whether every counted tensor (by its path) still has its counter and its memory (counted ones only: no
+    inference tensors), asked on every call of a bound layer before the slower :meth:`WriteCount.writes` looks at any
+    that moved."""
+    for _, counted in counts:
         tensor = counted.tensor
         if getattr(tensor, "_version") != counted.count or tensor.data_ptr() != counted.pointer:  # not in torch's stubs
             return False

@@ -38,7 +38,7 @@ from typing import Generic, Protocol, TypeVar, final, overload
 import attrs
 import torch
 
-from moe_core._checks import WriteCount, none_moved, require_unwritten_since_built, write_count
+from moe_core._checks import WriteCount, none_moved, overlaps, require_unwritten_since_built, write_count
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig, config_differences
 from moe_core.conversion import AnyConversion, Degradation, FormatInfo, WeightFormat
@@ -80,8 +80,6 @@ class BoundRunner(Generic[Q]):
     nothing was asked of the backend."""
     _writes: tuple[tuple[str, WriteCount], ...] = attrs.field(init=False, repr=False)
     """Each tensor the quant info holds, by field path, with its write count at binding."""
-    _counts: tuple[WriteCount, ...] = attrs.field(init=False, repr=False)
-    """The same counts, for :func:`~moe_core._checks.none_moved` on every call."""
 
     def __attrs_post_init__(self) -> None:
         check_quant_info_sizes(self.runner.config, self.quant_info)
@@ -89,7 +87,6 @@ class BoundRunner(Generic[Q]):
         refuse_writes_since_built(held)
         counted = [(path, WriteCount(value)) for path, value in held if isinstance(value, torch.Tensor)]
         object.__setattr__(self, "_writes", tuple(c for c in counted if c[1].count >= 0))  # inference tensors count none
-        object.__setattr__(self, "_counts", tuple(c for _, c in self._writes))
 
     def __call__(self, dispatch: DispatchOutput, /) -> torch.Tensor:
         """``runner.run(dispatch, quant_info)``; for standard dispatches, the output is held to the
@@ -107,12 +104,12 @@ class BoundRunner(Generic[Q]):
         counts = (write_count(inputs[0]), write_count(inputs[1]), write_count(inputs[2]))
         out = self.runner.run(dispatch, self.quant_info)
         if (write_count(inputs[0]), write_count(inputs[1]), write_count(inputs[2])) != counts:
-            name = next(name for name, tensor, count in zip(_DISPATCH_TENSORS, inputs, counts) if write_count(tensor) != count)
+            name = _first_written(list(zip(_DISPATCH_TENSORS, inputs, counts)))
             raise RuntimeError(
                 f"{type(self.runner).__name__}.run wrote the dispatch's {name} in place: the caller still reads "
                 "it (a residual, a shared expert, the next layer); a runner computes into its own buffers"
             )
-        if not none_moved(self._counts):
+        if not none_moved(self._writes):
             for path, counted in self._writes:
                 if counted.writes():
                     raise RuntimeError(
@@ -144,7 +141,7 @@ class BoundRunner(Generic[Q]):
 
     def _require_unwritten(self) -> None:
         """Refuse weights written in place since binding."""
-        if none_moved(self._counts):
+        if none_moved(self._writes):
             return
         for path, counted in self._writes:
             writes = counted.writes()
@@ -217,7 +214,7 @@ def _held_outputs(out: torch.Tensor) -> str | None:
     alive = [(ref, held) for ref, held in _OUTPUTS if ref() is not None][-(OUTPUTS_WATCHED - 1):]
     for ref, held in alive:
         earlier = ref()
-        if earlier is not None and _overlap(out, earlier):
+        if earlier is not None and overlaps(out, earlier):
             return held
     _OUTPUTS[:] = [*alive, (weakref.ref(out), f"{tuple(out.shape)} {out.dtype}")]
     return None
@@ -253,18 +250,6 @@ class BackendAnswer:
             "it registered no conversion"))
         self._verdicts[dtype] = verdict
         return verdict
-
-
-def _overlap(one: torch.Tensor, other: torch.Tensor) -> bool:
-    """Whether the byte spans the two tensors address on one device intersect (never for empty or meta tensors)."""
-    spans = []
-    for tensor in (one, other):
-        start = tensor.data_ptr()
-        if start == 0 or tensor.numel() == 0:
-            return False
-        reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())) + 1
-        spans.append((start, start + reach * tensor.element_size()))
-    return one.device == other.device and spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
 
 
 def _require_some_dtype(name: str, what: str, judge: BackendAnswer) -> None:

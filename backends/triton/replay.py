@@ -35,6 +35,7 @@ from typing import final
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from moe_core._checks import byte_span, overlaps
 from moe_core.backends.triton.launcher import Grid, JitKernel, KernelLauncher, Statics
 from moe_core.backends.triton.scratch import KeptScratch
 
@@ -94,16 +95,9 @@ def _constant(grid: Grid, constexprs: Mapping[str, object]) -> Callable[[], tupl
     return lambda: (grid, constexprs)
 
 
-def _span(tensor: torch.Tensor) -> tuple[int, int]:
-    """The bytes ``tensor`` addresses, as ``[start, stop)``."""
-    start = tensor.data_ptr()
-    reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())) + 1
-    return start, start + reach * tensor.element_size()
-
-
 def _within(tensor: torch.Tensor, spans: Sequence[tuple[torch.device, int, int]]) -> bool:
     """Whether ``tensor``'s bytes lie inside one of ``spans`` on its device."""
-    start, stop = _span(tensor)
+    start, stop = byte_span(tensor)
     return any(device == tensor.device and first <= start and stop <= last for device, first, last in spans)
 
 
@@ -150,10 +144,9 @@ def record(
         return out, None
     given = (*inputs, out)
     starts = {(tensor.data_ptr(), tensor.dtype): index for index, tensor in enumerate(given)}
-    spans = [_span(tensor) for tensor in given]
-    if len(starts) < len(given) or any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(spans) for b in spans[i + 1:]):
+    if len(starts) < len(given) or any(overlaps(one, other) for i, one in enumerate(given) for other in given[i + 1:]):
         return out, None  # the call's tensors overlap: which one an argument was could not be told
-    held = [(tensor.device, *_span(tensor)) for tensor in weights if tensor.numel() > 0]
+    held = [(tensor.device, *byte_span(tensor)) for tensor in weights if tensor.numel() > 0]
     buffers: list[torch.Tensor] = []
     steps: list[Step] = []
     for name, kernel, args, grid, constexprs in recording.launches:
@@ -165,8 +158,7 @@ def record(
                 return out, None
             source = starts.get((arg.data_ptr(), arg.dtype))
             if source is None:
-                start, stop = _span(arg)
-                if any(start < last and first < stop for first, last in spans):
+                if any(overlaps(arg, tensor) for tensor in given):
                     return out, None  # inside a call's tensor, not at its start
                 kept = scratch.buffer_at(arg)
                 if kept is None:
@@ -177,7 +169,8 @@ def record(
                 if source == 4 + len(buffers):
                     buffers.append(kept)
             places.append((position, source))
-        template: list[object] = [None if any(p == i for p, _ in places) else arg for i, arg in enumerate(args)]
+        filled = {position for position, _ in places}
+        template: list[object] = [None if i in filled else arg for i, arg in enumerate(args)]
         steps.append((name, kernel, template, _constant(grid, constexprs), tuple(places)))
     return out, Replay(tuple(steps), tuple(weakref.ref(buffer) for buffer in buffers))
 
