@@ -5,8 +5,11 @@ process.
 No kernel runs, so it measures on a CPU as on a GPU machine (where a direct launch adds about 6 us each, 4-6 per
 forward): microseconds per call of a tiny layer (E8 k2 H256 I256, T=1), per format, with the replay and without it
 (the memo's replays switched off), and through the layer's ``BoundRunner``. Medians of ``--rounds`` rounds.
+``--launch`` (a GPU machine) launches every kernel for real instead: the host time per call issued back to back, in
+batches of ``--calls`` that the GPU drains between them.
 
     python3 benchmarks/host_python.py [--calls 3000] [--rounds 5]
+    python3 benchmarks/host_python.py --launch --calls 200 --rounds 9
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ def _no_launch(self: Launcher, name: str, kernel: JitKernel, args: Sequence[obje
         sites[name] = LaunchSite()
 
 
-def _layers(dispatch: StandardDispatchOutput, seed: int) -> dict[str, MoeForward]:
+def _layers(dispatch: StandardDispatchOutput, device: torch.device, seed: int) -> dict[str, MoeForward]:
     """The tiny layer bound to each Triton format's backend."""
-    dense, _ = random_dense_layer(CONFIG, 1, torch.bfloat16, torch.device("cpu"), seed)
+    dense, _ = random_dense_layer(CONFIG, 1, torch.bfloat16, device, seed)
     return {
         "dense": TRITON_DENSE.bind(CONFIG, TritonDenseWeights.from_dense(dense)),
         "fp8-dynamic": TRITON_FP8.bind(CONFIG, TritonFp8Weights.from_fp8_channel(quantize_fp8_channel_layer(CONFIG, dense, dispatch))),
@@ -55,13 +58,22 @@ def _layers(dispatch: StandardDispatchOutput, seed: int) -> dict[str, MoeForward
 
 
 def _us(call: Callable[[], object], calls: int) -> float:
-    """Microseconds per call of ``calls`` back-to-back calls."""
+    """Microseconds per call of ``calls`` back-to-back calls (on a GPU, issued while the GPU catches up after)."""
     for _ in range(50):
         call()
+    _synchronize()
     start = time.perf_counter()
     for _ in range(calls):
         call()
-    return (time.perf_counter() - start) / calls * 1e6
+    issued = time.perf_counter() - start
+    _synchronize()
+    return issued / calls * 1e6
+
+
+def _synchronize() -> None:
+    """Wait for the GPU where there is one."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _without_replays(launches: Launches) -> KeptForward:
@@ -74,16 +86,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--launch", action="store_true", help="launch the kernels (needs a GPU)")
     args = parser.parse_args()
-    setattr(launcher_module.Launcher, "__call__", _no_launch)
-    setattr(launch_module, "current_target", lambda: (0, 0))  # the CPU's stream: the kept scratch of stream 0
-    setattr(launch_module, "direct_launches", lambda tensors: True)
-    _, batch = random_dense_layer(CONFIG, 1, torch.bfloat16, torch.device("cpu"), 0)
+    if args.launch and not torch.cuda.is_available():
+        parser.error("--launch needs a GPU")
+    device = torch.device("cuda" if args.launch else "cpu")
+    if not args.launch:
+        setattr(launcher_module.Launcher, "__call__", _no_launch)
+        setattr(launch_module, "current_target", lambda: (0, 0))  # the CPU's stream: the kept scratch of stream 0
+        setattr(launch_module, "direct_launches", lambda tensors: True)
+    _, batch = random_dense_layer(CONFIG, 1, torch.bfloat16, device, 0)
     dispatch = StandardDispatchOutput(
         batch.hidden_states, TopKOutput(batch.topk.topk_ids, batch.topk.topk_weights, num_experts=8, check_values=False)
     )
     print(f"{'format':<12} {'replayed us':>12} {'not replayed us':>16} {'ratio':>6} {'BoundRunner us':>15} {'it adds us':>11}")
-    for name, forward in _layers(dispatch, 1).items():
+    for name, forward in _layers(dispatch, device, 1).items():
         assert isinstance(forward, BoundRunner) and isinstance(forward.runner, TritonRunner)
         runner, weights = forward.runner, forward.quant_info
         plain_runner = TritonRunner(runner.config, runner.plan)

@@ -120,6 +120,23 @@ def test_renormalized_weights_under_a_method_that_does_not_renormalize_are_refus
         layer(StandardDispatchOutput(x, renormalized))
 
 
+@pytest.mark.parametrize("stored", [torch.bfloat16, torch.float16], ids=str)
+def test_weights_renormalized_in_a_narrow_type_and_widened_are_refused(gen: torch.Generator, stored: torch.dtype) -> None:
+    """Softmax top-k weights renormalized in bf16 and cast to float32 sum to 1 only within bf16's rounding, which the
+    float32 test let through (adversarial pass 16, c07); the method's own weights, widened alike, still pass."""
+    config = _config(RoutingMethod.SOFTMAX_TOPK, 2)
+    own = select_experts(torch.randn(6, E, generator=gen) * 2, config)
+    layer = REFERENCE_DENSE.bind(config, _weights(gen))
+    x = torch.randn(6, H, generator=gen)
+    narrow = own.topk_weights.to(stored)
+    layer(StandardDispatchOutput(x, TopKOutput(own.topk_ids, narrow.float(), num_experts=E)))
+    renormalized = (narrow / narrow.sum(dim=1, keepdim=True)).to(stored).float()
+    if stored is torch.bfloat16:  # beyond float32's rounding, where the old test looked
+        assert float((renormalized.double().sum(dim=1) - 1).abs().max()) > 4 * 2 * torch.finfo(torch.float32).eps
+    with pytest.raises(ValueError, match=r"does not renormalize its weights, yet every one of the 6 tokens' weights sums to 1"):
+        layer(StandardDispatchOutput(x, TopKOutput(own.topk_ids, renormalized, num_experts=E)))
+
+
 def test_expert_parallel_layers_check_the_top_k_against_the_whole_layer(gen: torch.Generator) -> None:
     """Slot rows cannot say what their token's weights summed to: a top-k the single-rank layer refuses ran through
     the local and all-to-all dispatchers 0.69 off. The layer checks it against its whole config first."""
