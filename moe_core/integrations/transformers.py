@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as module_hooks
 from torch.nn.utils.prune import BasePruningMethod
+from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
 from moe_core.capability import DeviceSpec
@@ -972,12 +973,14 @@ def swap_moe_blocks(
     )
 
 
-_KNOWN_CODE = ("transformers.", "torch.nn.modules.", "torch.nn.utils.prune", "torch.nn.utils.weight_norm")
+_KNOWN_CODE = (
+    "transformers.", "torch.nn.modules.", "torch.nn.utils.prune", "torch.nn.utils.weight_norm", "torch.nn.utils.spectral_norm"
+)
 """Where the forwards and hooks a swap may leave behind come from: transformers' own (its output-capturing hooks record
-router logits the swap refuses anyway), torch's standard modules' forwards, and the pruning and weight-norm hooks,
-which recompute the weights the swap reads from their parts (the last ones they wrote). Anything else, torch's own
-included, is the caller's: spectral norm's hook normalizes a weight it has not yet written before the first forward,
-and quantization-aware modules fake-quantize theirs in their forward (adversarial pass 16, c04)."""
+router logits the swap refuses anyway), torch's standard modules' forwards, and the pruning, weight-norm and
+spectral-norm hooks, which the swap runs first (:func:`_recompute_hooked_weights`) so that it reads the weights they
+compute. Anything else, torch's own included, is the caller's: quantization-aware modules fake-quantize their weights
+in their forward (adversarial pass 16, c04)."""
 
 
 def _theirs(function: object) -> bool:
@@ -987,13 +990,16 @@ def _theirs(function: object) -> bool:
 
 
 def _recompute_hooked_weights(block: nn.Module) -> None:
-    """Run the pruning and weight-norm pre-hooks of ``block``'s modules, as a forward would first: each writes the
-    weight the swap reads from its parts (the original and the mask, or the norm and direction), which an optimizer
-    step or a load since the last forward left stale (adversarial pass 17, c08: 1.7e-2 off under weight norm)."""
+    """Run the pruning, weight-norm and spectral-norm pre-hooks of ``block``'s modules, as the block's next forward
+    would first: each writes the weight the swap reads from its parts (the original and the mask, the norm and
+    direction, or the original over its spectral norm), which an optimizer step or a load since the last forward left
+    stale, and which spectral norm has not written at all before the first forward (adversarial passes 16, c04, and
+    17, c08: 5.9e-2 and 1.7e-2 off). In training mode spectral norm's hook takes its power-iteration step, as that
+    forward would."""
     with torch.no_grad():
         for module in block.modules():
             for hook in list(module._forward_pre_hooks.values()):
-                if isinstance(hook, (BasePruningMethod, WeightNorm)):
+                if isinstance(hook, (BasePruningMethod, WeightNorm, SpectralNorm)):
                     hook(module, ())
 
 
