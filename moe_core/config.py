@@ -56,11 +56,16 @@ HIDDEN_ACTS: dict[str, Activation] = {
     "silu": Activation.SILU_GATED,
     "swish": Activation.SILU_GATED,
     "gelu": Activation.GELU_GATED,
+    "gelu_python": Activation.GELU_GATED,
     "gelu_pytorch_tanh": Activation.GELU_TANH_GATED,
+    "gelu_new": Activation.GELU_TANH_GATED,
+    "gelu_fast": Activation.GELU_TANH_GATED,
+    "gelu_accurate": Activation.GELU_TANH_GATED,
     "relu2": Activation.RELU2,
 }
-"""transformers' ``hidden_act`` names -> the activation that computes the same (its ``ACT2FN``); a name missing here
-(``gelu_new``, ``quick_gelu``, ...) is refused by name, never run as another."""
+"""transformers' ``hidden_act`` names -> the activation that computes the same (its ``ACT2FN``, within 1e-9:
+``gelu_new``, ``gelu_fast`` and ``gelu_accurate`` write out the tanh approximation); a name missing here
+(``quick_gelu``, ``gelu_10``, ...) is refused by name, never run as another."""
 
 
 def _positive_finite(

@@ -14,7 +14,7 @@ from moe_core.backends._flashinfer import swiglu_only
 from moe_core.backends.triton import dense_supports, fp8_supports
 from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.capability_listing import capability_table
-from moe_core.config import Activation, ClampedSwiglu, GateClamp, LimitedSwiglu, Llama4Sigmoid, MoeRunnerConfig, RoutingMethod
+from moe_core.config import HIDDEN_ACTS, Activation, ClampedSwiglu, GateClamp, LimitedSwiglu, Llama4Sigmoid, MoeRunnerConfig, RoutingMethod
 from moe_core.dispatch import StandardDispatchOutput
 from moe_core.formats import FP8
 from moe_core.formats.dense import DENSE, DenseMoeWeights, DenseRecipe, ExpertBiases, GateUpLayout
@@ -46,6 +46,20 @@ def test_gated_activation_against_its_formula(gen: torch.Generator, activation: 
     gate_up = torch.randn(10, 2 * I, generator=gen, dtype=torch.float64) * 3
     gate, up = gate_up[:, :I], gate_up[:, I:]
     assert torch.allclose(activation.apply(gate_up), FORMULAS[activation](gate, up), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(HIDDEN_ACTS))
+def test_each_hidden_act_name_computes_what_transformers_does(gen: torch.Generator, name: str) -> None:
+    """Each ``hidden_act`` read from a config is transformers' own function of that name (its ``ACT2FN``) within 1e-9
+    (``gelu_fast`` writes sqrt(2/pi) to 10 digits): a name mapped to a near relative (``quick_gelu`` for GELU, 2e-2
+    apart) would run silently off."""
+    activations = pytest.importorskip("transformers.activations")
+    gate_up = torch.randn(64, 2 * 32, generator=gen, dtype=torch.float64) * 4
+    activation = HIDDEN_ACTS[name]
+    theirs = activations.ACT2FN[name]
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = theirs(gate) * up if activation.gated else theirs(gate_up)
+    torch.testing.assert_close(activation.apply(gate_up), want, rtol=1e-9, atol=1e-9)
 
 
 def test_relu2_is_not_gated(gen: torch.Generator) -> None:

@@ -334,7 +334,7 @@ def test_mixtral_w1_w3_w2_naming_in_one_file_loads_the_same_layer(tmp_path: Path
     [
         ({"norm_topk_prob": "false"}, ValueError, r"expected true or false at 'norm_topk_prob', got 'false'"),
         ({"norm_topk_prob": 0}, ValueError, r"expected true or false at 'norm_topk_prob', got 0"),
-        ({"hidden_act": "gelu_new"}, UnsupportedCheckpoint, r"hidden_act 'gelu_new' is not a gated activation computed here"),
+        ({"hidden_act": "quick_gelu"}, UnsupportedCheckpoint, r"hidden_act 'quick_gelu' is not a gated activation computed here"),
         ({"hidden_act": "relu2"}, UnsupportedCheckpoint, r"hidden_act 'relu2' is not a gated activation"),
     ],
 )

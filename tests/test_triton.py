@@ -726,6 +726,42 @@ def test_gpt_oss_mxfp4_layers_run_on_triton_dense_by_name(gen: torch.Generator) 
     assert relative_error(out, expected) < TOLERANCE[torch.bfloat16]
 
 
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")], ids=str)
+@pytest.mark.parametrize("quantizer", ["static", "dynamic", "groups"])
+def test_fp8_activation_quantizers_keep_non_finite_values(gen: torch.Generator, quantizer: str, poison: float) -> None:
+    """Silent (adversarial pass 18, c10b): a NaN or infinite hidden state, under ``check_values=False``, came out of
+    the FP8 layers as finite numbers (the quantizer saturated it to +-448). Its code is now E4M3's NaN (which holds
+    no infinity); the other rows' codes are those of the clean input."""
+    x = torch.randn(3, 256, generator=gen).to(torch.bfloat16).to(DEVICE)
+    poisoned = x.clone()
+    poisoned[1, 7] = poison
+
+    def codes(rows: torch.Tensor) -> torch.Tensor:
+        if quantizer == "groups":
+            return quantize_fp8_groups(rows)[0].view(torch.uint8)
+        return quantize_fp8_rows(rows, torch.tensor([0.01], device=DEVICE) if quantizer == "static" else None)[0].view(torch.uint8)
+
+    got, clean = codes(poisoned), codes(x)
+    assert int(got[1, 7]) & 0x7F == 0x7F, "E4M3's NaN, either sign"
+    assert torch.equal(got[[0, 2]], clean[[0, 2]])
+
+
+@pytest.mark.skipif(not CUDA, reason="Triton's interpreter reads E4M3's NaN byte as 480")
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")], ids=str)
+@pytest.mark.parametrize("fmt", ["fp8-static", "fp8-dynamic", "fp8-block"])
+def test_fp8_layers_keep_non_finite_hidden_states(gen: torch.Generator, fmt: str, poison: float) -> None:
+    """The layer around those quantizers: a poisoned token's output is NaN, the other tokens' exactly as without it."""
+    config, weights, dispatch = make_layer(gen, (5, 4, 2, 128, 128, 4, 0), torch.bfloat16)
+    forward = bound_forward(fmt, config, weights, dispatch)
+    unchecked = TopKOutput(dispatch.topk.topk_ids, dispatch.topk.topk_weights, num_experts=4, check_values=False)
+    x = dispatch.hidden_states.clone()
+    x[2, 7] = poison
+    out = forward(StandardDispatchOutput(x, unchecked))
+    clean = forward(StandardDispatchOutput(dispatch.hidden_states, unchecked))
+    assert bool(out[2].isnan().all())
+    assert torch.equal(out[[0, 1, 3, 4]], clean[[0, 1, 3, 4]]) and bool(clean.isfinite().all())
+
+
 def test_clamped_swiglu_keeps_nan(gen: torch.Generator) -> None:
     """A NaN pre-activation stays NaN through the clamps, as torch.clamp keeps it (a GPU's plain min/max would
     return the limit): a token with a NaN hidden state has a NaN output, the others none."""

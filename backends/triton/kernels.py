@@ -173,14 +173,17 @@ def scatter_kernel(ids_ptr, starts_ptr, cursors_ptr, sorted_ptr, numel, offset, 
 
 @triton.jit
 def _e4m3_values(x, scale, ROUND_FIRST: tl.constexpr):
-    """``x / scale`` (IEEE division) saturated to +-448, ready for the cast to E4M3.
+    """``x / scale`` (IEEE division) saturated to +-448, ready for the cast to E4M3 (:func:`_store_e4m3`); NaN and
+    infinities stay NaN (torch's cast saturates an infinity to 448): saturated, a non-finite hidden state came out of
+    the layer as finite numbers (adversarial pass 18, c10b).
 
     ``ROUND_FIRST`` (Triton's CPU interpreter, which casts float32 to E4M3
     wrongly where rounding carries into the exponent: triton 3.7.1 turns
     31.27 into 16): round onto the E4M3 grid in float32 first, ties to even
     (3 mantissa bits for normals, steps of 2^-9 below 2^-6), so the cast is exact.
     """
-    v = tl.clamp(tl.math.div_rn(x, scale), -448.0, 448.0)
+    v = tl.clamp(tl.math.div_rn(x, scale), -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+    v = tl.where(tl.abs(x) == float("inf"), float("nan"), v)
     if ROUND_FIRST:
         magnitude = tl.abs(v)
         bits = magnitude.to(tl.uint32, bitcast=True)
@@ -190,6 +193,15 @@ def _e4m3_values(x, scale, ROUND_FIRST: tl.constexpr):
         sign = v.to(tl.uint32, bitcast=True) & 0x80000000  # a bit copy: negating a zero gives +0 here
         v = (magnitude.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     return v
+
+
+@triton.jit
+def _store_e4m3(q_ptrs, v, mask, ROUND_FIRST: tl.constexpr):
+    """Store :func:`_e4m3_values`' ``v`` as E4M3 codes; under ``ROUND_FIRST`` (the interpreter, whose cast turns NaN
+    into 384) E4M3's NaN byte is written over each NaN's code."""
+    tl.store(q_ptrs, v.to(q_ptrs.dtype.element_ty), mask=mask)
+    if ROUND_FIRST:
+        tl.store(q_ptrs.to(tl.pointer_type(tl.uint8)), tl.full(v.shape, 0x7F, tl.uint8), mask=mask & (v != v))
 
 
 @triton.jit
@@ -222,7 +234,7 @@ def quantize_rows_kernel(
     for start in range(0, K, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
-        tl.store(q_row + cols, _e4m3_values(x, scale, ROUND_FIRST).to(q_ptr.dtype.element_ty), mask=cols < K)
+        _store_e4m3(q_row + cols, _e4m3_values(x, scale, ROUND_FIRST), cols < K, ROUND_FIRST)
 
 
 @triton.jit
@@ -242,7 +254,7 @@ def quantize_groups_kernel(
     x = tl.load(x_ptr + row * stride_xm + cols).to(tl.float32)
     scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), 448.0), min_scale)
     tl.store(scales_ptr + row * stride_sm + group, scale)
-    tl.store(q_ptr + row * stride_qm + cols, _e4m3_values(x, scale, ROUND_FIRST).to(q_ptr.dtype.element_ty))
+    _store_e4m3(q_ptr + row * stride_qm + cols, _e4m3_values(x, scale, ROUND_FIRST), tl.full((GROUP,), True, tl.int1), ROUND_FIRST)
 
 
 @triton.jit
@@ -583,7 +595,10 @@ def moe_gemm_kernel(
         result = acc * tl.load(topk_weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_ptrs = c_ptr + pairs.to(tl.int64)[:, None] * stride_cm + cols[None, :]
-    tl.store(c_ptrs, result.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < N))
+    if OUT_FP8:
+        _store_e4m3(c_ptrs, result, row_ok[:, None] & (cols[None, :] < N), UPCAST)
+    else:
+        tl.store(c_ptrs, result.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < N))
 
 
 @triton.jit
