@@ -157,7 +157,7 @@ class ArchitectureNames:
     """The router's module name inside the block (``gate``; gpt-oss: ``router``)."""
     fused_experts: GateUpLayout | None = attrs.field(default=None, kw_only=True)
     """None: one tensor per expert and projection (``experts.{e}.{proj}.{name}``); a layout: stacks over the experts,
-    ``experts.{gate_up_proj|down_proj}_{name}`` ``[E, ...]``, whose fused gate/up rows are in that layout (gpt-oss)."""
+    ``experts.{gate_up_proj|down_proj}[_{name}]`` ``[E, ...]``, whose fused gate/up rows are in that layout (gpt-oss)."""
     semantics: Callable[[Mapping[str, object]], LayerSemantics] = attrs.field(kw_only=True)
     """The layer's routing, activation, scaling and biases from ``config.json``."""
     float32_router: bool = attrs.field(default=False, kw_only=True)
@@ -183,7 +183,10 @@ ARCHITECTURES: Mapping[str, ArchitectureNames] = {
 """The architectures (``config.json``'s ``model_type``) whose MoE layers the loader knows."""
 
 _EXPERT_KEY = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.(\w+)$")
-_FUSED_KEY = re.compile(r"\.experts\.(gate_up_proj|down_proj)_(\w+)$")
+_FUSED_KEY = re.compile(r"\.experts\.(gate_up_proj|down_proj)(?:_(\w+))?$")
+"""Stacked experts' tensors: ``experts.{gate_up_proj|down_proj}_{name}``, or the bare projection (its weight, as
+transformers saves an unquantized gpt-oss: ``[E, in_features, out_features]``, which its forward multiplies from the
+right)."""
 
 
 class CorruptCheckpoint(ValueError):
@@ -567,7 +570,21 @@ class MoeCheckpoint:
         for key in self.weight_map:
             if key.startswith(prefix) and (match := _EXPERT_KEY.search(key)):
                 found.append((key, int(match[1]), ExpertShard.from_projection(match[2]), match[3]))
+        self._require_read(layer, _EXPERT_KEY, "experts.{e}.{gate_proj|up_proj|down_proj|w1|w3|w2}.{name}")
         return found
+
+    def _require_read(self, layer: int, pattern: re.Pattern[str], layout: str) -> None:
+        """Raise ``ValueError`` naming a tensor under ``layer``'s experts that the loader would not read (``pattern``
+        is what it reads): stacked experts beside per-expert ones, with other values, loaded silently as the
+        per-expert ones (adversarial pass 18, c09), or another architecture's layout."""
+        prefix = f"{self.block_prefix(layer)}.experts."
+        unread = sorted(key for key in self.weight_map if key.startswith(prefix) and not pattern.search(key))
+        if unread:
+            more = f" and {len(unread) - 1} more" if len(unread) > 1 else ""
+            raise ValueError(
+                f"{unread[0]}{more}: under layer {layer}'s experts, where the {self.model_type} loader reads "
+                f"{layout} only (experts stored twice, or in another architecture's layout?)"
+            )
 
     def _expert_tensors(self, layer: int) -> Iterator[tuple[str, int, ExpertShard, str, torch.Tensor]]:
         """``(tensor name, expert id, shard, name after the projection, tensor)`` of each expert projection of ``layer``.
@@ -582,10 +599,15 @@ class MoeCheckpoint:
                 yield (key, *names[key], tensor)
             return
         self._require_layer(layer)
+        self._require_read(layer, _FUSED_KEY, "experts.{gate_up_proj|down_proj}[_{name}]")
         prefix = f"{self.block_prefix(layer)}.experts."
         fused = {key: match for key in self.weight_map if key.startswith(prefix) and (match := _FUSED_KEY.search(key))}
         for key, tensor in self._read(list(fused)):
-            projection, name = fused[key][1], fused[key][2]
+            projection, name = fused[key][1], fused[key][2] or "weight"
+            if fused[key][2] is None:
+                if tensor.dim() != 3:
+                    raise ValueError(f"{key}: expected [num_experts, in_features, out_features], got {tuple(tensor.shape)}")
+                tensor = tensor.transpose(1, 2)
             if projection == "down_proj":
                 for expert in range(tensor.shape[0]):
                     yield key, expert, ExpertShard.DOWN, name, tensor[expert]

@@ -100,6 +100,14 @@ class ShapedLayout:
         return self.description
 
 
+def _bias_shape(out_features: int, in_features: int) -> tuple[int, ...]:
+    return (out_features,)
+
+
+BIAS = ShapedLayout(_bias_shape, "[out_features]")
+"""A projection's bias, one value per output feature (gpt-oss's experts)."""
+
+
 @final
 @attrs.frozen
 class ParamSpec:

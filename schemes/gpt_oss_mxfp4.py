@@ -22,7 +22,7 @@ from moe_core import MXFP4, FormatRoute, MoeRunnerConfig, Mxfp4ExpertWeights, Mx
 from moe_core._checks import FLOAT_DTYPES
 from moe_core.formats.dense import ExpertBiases
 from moe_core.mxfp4 import MXFP4_BLOCK, E8M0Scales
-from moe_core.expert_params import ParamSpec, ShapedLayout
+from moe_core.expert_params import BIAS, ParamSpec, ShapedLayout
 from moe_core.scheme import ExpertScheme, SchemeOptions, SchemeSpec
 
 NAME = "gpt-oss-mxfp4"
@@ -34,14 +34,9 @@ def _scales_shape(out: int, cols: int) -> tuple[int, ...]:
     return out, cols // MXFP4_BLOCK
 
 
-def _bias_shape(out: int, cols: int) -> tuple[int, ...]:
-    return (out,)
-
-
 # module-level functions, not lambdas: a scheme pickles with its layouts
 _BLOCKS = ShapedLayout(_blocks_shape, "[out_features, in_features / 32, 16]")
 _SCALES = ShapedLayout(_scales_shape, "[out_features, in_features / 32]")
-_BIAS = ShapedLayout(_bias_shape, "[out_features]")
 
 
 class GptOssMxfp4MoE(ExpertScheme[Mxfp4MoeWeights]):
@@ -69,7 +64,7 @@ class GptOssMxfp4MoE(ExpertScheme[Mxfp4MoeWeights]):
         specs = (
             ParamSpec("blocks", torch.uint8, _BLOCKS),
             ParamSpec("scales", torch.uint8, _SCALES),
-            ParamSpec("bias", bias_dtype, _BIAS),
+            ParamSpec("bias", bias_dtype, BIAS),
         )
         super().__init__(NAME, MXFP4, specs, config, device, backend=backend, strict=strict, activation_dtype=activation_dtype)
 

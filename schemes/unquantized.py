@@ -1,4 +1,5 @@
-"""Unquantized MoE: bf16, fp16 or fp32 expert weights (``experts.{e}.{proj}.weight``).
+"""Unquantized MoE: bf16, fp16 or fp32 expert weights (``experts.{e}.{proj}.weight``), and their biases
+(``bias``) where the layer has them (gpt-oss's, stacked as transformers saves them).
 
 The weights are kept in the checkpoint's dtype (``dtype``, bf16 by default,
 must match it: a silent cast would hide a checkpoint of another precision).
@@ -14,7 +15,8 @@ import torch
 
 from moe_core import DENSE, DenseMoeWeights, FormatRoute, MoeRunnerConfig
 from moe_core._checks import FLOAT_DTYPES
-from moe_core.expert_params import ParamLayout, ParamSpec
+from moe_core.expert_params import BIAS, ParamLayout, ParamSpec
+from moe_core.formats.dense import ExpertBiases
 from moe_core.scheme import ExpertScheme, SchemeOptions, SchemeSpec
 
 NAME = "unquantized"
@@ -37,12 +39,17 @@ class UnquantizedMoE(ExpertScheme[DenseMoeWeights]):
         (a route, or a name)."""
         if dtype not in FLOAT_DTYPES:
             raise TypeError(f"dtype: expected one of {FLOAT_DTYPES}, got {dtype!r}")
-        specs = (ParamSpec("weight", dtype, ParamLayout.MATRIX),)
+        specs = [ParamSpec("weight", dtype, ParamLayout.MATRIX)]
+        if config.expert_biases:
+            specs.append(ParamSpec("bias", dtype, BIAS))
         super().__init__(NAME, DENSE, specs, config, device, backend=backend, strict=strict, activation_dtype=activation_dtype)
 
     def canonical_weights(self) -> DenseMoeWeights:
-        """The dense weights, gate rows then up rows in ``w13``."""
-        return DenseMoeWeights(w13=self.params.gate_up_fused("weight"), w2=self.params.down("weight"))
+        """The dense weights, gate rows then up rows in ``w13``, and their biases where the layer has them."""
+        biases = None
+        if self.config.expert_biases:
+            biases = ExpertBiases(w13=self.params.gate_up_fused("bias"), w2=self.params.down("bias"))
+        return DenseMoeWeights(w13=self.params.gate_up_fused("weight"), w2=self.params.down("weight"), biases=biases)
 
 
 def unsupported_reason(quantization_config: Mapping[str, object] | None) -> str | None:

@@ -64,6 +64,17 @@ def checkpoint_copy(tmp_path: Path) -> Path:
     return copy_checkpoint(CT_NVFP4, tmp_path / "checkpoint")
 
 
+@pytest.mark.parametrize("extra", ["experts.gate_up_proj", "experts.down_proj_weight_packed", "experts.3.gate_up_proj.weight"])
+def test_expert_tensors_the_loader_does_not_read_are_refused(checkpoint_copy: Path, extra: str) -> None:
+    """Silent (adversarial pass 18, c09): a stacked ``experts.gate_up_proj`` beside the per-expert tensors, with other
+    values, was never read: the layer loaded from the per-expert ones, 1.41 off the stack's. Every tensor under a
+    layer's experts is one the loader reads, or the layer is refused naming it."""
+    prefix = EXPERT_3_UP.split(".experts.")[0]
+    rewrite_tensor(checkpoint_copy, f"{prefix}.{extra}", torch.ones(4, 4), beside=f"{EXPERT_3_UP}.weight_scale")
+    with pytest.raises(ValueError, match=re.escape(f"{prefix}.{extra}: under layer 0's experts, where the qwen3_moe loader reads")):
+        MoeCheckpoint(checkpoint_copy).load_layer(0)
+
+
 def test_missing_tensor_is_named(checkpoint_copy: Path) -> None:
     rewrite_tensor(checkpoint_copy, f"{EXPERT_3_UP}.weight_scale", None)
     with pytest.raises(ValueError, match=re.escape("1 checkpoint tensors were never loaded: experts.3.up_proj.weight_scale")):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,8 @@ from torch.nn.utils import prune
 
 transformers = pytest.importorskip("transformers")
 
+from moe_core import StandardDispatchOutput  # noqa: E402
+from moe_core.checkpoint import MoeCheckpoint  # noqa: E402
 from moe_core.integrations.transformers import FAMILIES, MoeCoreBlock, swap_moe_blocks  # noqa: E402
 from moe_core.layer import MoeLayer  # noqa: E402
 from moe_core.registry import BackendSelectionError  # noqa: E402
@@ -771,3 +774,29 @@ def test_a_block_shared_by_two_layers_is_swapped_in_both(gen: torch.Generator) -
         assert [block.path for block in swapped] == ["model.layers.0.mlp", "model.layers.1.mlp"]
         assert isinstance(model.model.layers[1].mlp, MoeCoreBlock) and model.model.layers[1].mlp is model.model.layers[0].mlp
         assert _relative_error(model(ids).logits, want) <= TOLERANCE
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"])
+def test_checkpoints_transformers_saves_load_as_its_blocks_compute(gen: torch.Generator, family: str, tmp_path: Path) -> None:
+    """Each architecture the checkpoint loader knows, saved by transformers' ``save_pretrained`` (float32, random
+    weights; hidden and intermediate sizes equal, so a transposed projection would fit its shape), loaded layer by
+    layer and routed by the checkpoint's router, computes what transformers' own block computes. False refusal
+    (adversarial pass 18, c02): an unquantized gpt-oss, whose experts transformers stacks input-first with biases."""
+    config = CONFIGS[family](num_hidden_layers=1, **({"layer_types": ["full_attention"]} if family == "gpt_oss" else {}))
+    for size in ("intermediate_size", "moe_intermediate_size"):
+        if hasattr(config, size):
+            setattr(config, size, 32)
+    model = getattr(transformers, MODELS[family])(config).eval()
+    _randomize(model, gen, 0.2)
+    model.save_pretrained(tmp_path)
+    checkpoint = MoeCheckpoint(tmp_path)
+    layer = checkpoint.load_layer(0)
+    x = torch.randn(9, 32, generator=gen) * (4.0 if family in CLAMPED else 1.0)
+    with torch.no_grad():
+        want = model.get_submodule("model.layers.0.mlp")(x[None])
+        got = layer.apply(StandardDispatchOutput(x, route(x, checkpoint.router(0), layer.config)))
+        shared = checkpoint.shared_expert(0)
+        if shared is not None:
+            got = got + shared(x)
+    want = want[0] if isinstance(want, tuple) else want
+    assert _relative_error(got, want.reshape(got.shape)) <= TOLERANCE
