@@ -17,6 +17,7 @@ import argparse
 import ast
 import json
 import math
+import os
 import re
 import shutil
 import sys
@@ -484,6 +485,23 @@ def _resolve_sizes(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             setattr(args, name, default)
     if args.top_k > args.experts:
         parser.error(f"argument --top-k: expected at most --experts={args.experts}, got {args.top_k}")
+    needed, memory = 4 * args.experts * 3 * args.hidden * args.intermediate, _memory_bytes(args.device)
+    if memory is not None and needed > memory:
+        parser.error(
+            f"arguments --experts, --hidden, --intermediate: the random layer's float32 weights alone take "
+            f"{needed / 2**30:.3g} GiB, more than the {memory / 2**30:.3g} GiB of memory {args.device} has"
+        )
+
+
+def _memory_bytes(device: torch.device) -> int | None:
+    """The memory ``device`` has in all (a CUDA device's, or this machine's for the CPU); None where unknown."""
+    import torch
+
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info(device)[1])
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -221,6 +221,15 @@ def test_check_refuses_a_device_the_reference_cannot_use(capsys: pytest.CaptureF
     assert "the reference backends cannot run on meta: meta tensors hold no values" in capsys.readouterr().err
 
 
+def test_check_refuses_a_random_layer_larger_than_the_devices_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    """Raw error (adversarial pass 18, c08): ``--hidden 100000000 --intermediate 100000000`` ended in torch's
+    allocator traceback and exit 1 (a FAILED row's code). The layer's size is refused before anything is allocated."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check", "--hidden", "100000000", "--intermediate", "100000000"])
+    assert exit_info.value.code == 2
+    assert "the random layer's float32 weights alone take 8.94e+08 GiB, more than the" in capsys.readouterr().err
+
+
 def test_module_entry_point_runs() -> None:
     result = subprocess.run([sys.executable, "-m", "moe_core", "info"], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
