@@ -370,4 +370,5 @@ def route(
             return kernel(logits, config, score_correction_bias=bias)
         if fused:
             raise ValueError(f"route(fused=True): {kernel}")
+    require_finite("hidden_states", hidden_states)  # else the top-k's weights are refused, which names them instead
     return select_experts(logits, config, score_correction_bias=bias)

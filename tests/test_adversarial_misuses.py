@@ -232,6 +232,18 @@ def test_a_logit_bias_under_sigmoid_routing_is_refused(gen: torch.Generator) -> 
         dense_layer(config, router, _weights(gen), dtype=torch.float32)
 
 
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")], ids=str)
+def test_a_layer_names_non_finite_hidden_states(gen: torch.Generator, poison: float) -> None:
+    """A NaN or infinite hidden state through ``MoeLayer`` was refused as ``topk_weights: expected finite values``
+    (adversarial pass 18, c10), naming what the layer computed from it instead of what the caller passed."""
+    config = _config(RoutingMethod.TOPK_RENORMALIZE, 2)
+    layer = dense_layer(config, Router(weight=torch.randn(E, H, generator=gen)), _weights(gen), dtype=torch.float32)
+    x = torch.randn(4, H, generator=gen)
+    x[1, 3] = poison
+    with pytest.raises(ValueError, match="hidden_states: expected finite values"):
+        layer(x)
+
+
 def test_a_checkpoint_scale_passed_to_from_amax_is_refused_by_the_weights(gen: torch.Generator) -> None:
     """A compressed-tensors ``weight_global_scale`` (2e4-4e7) read as an amax made a quantize-side scale of 0.08
     (an amax of 35,000), 4.2e6 off; a weight's quantize-side global scale is >= 1 for any weight amax up to 2688."""
