@@ -23,8 +23,10 @@ from moe_core.registry import BoundRunner
 from moe_core.runner import QuantInfo
 from tests.test_triton import BLOCK_SHAPES, CUDA, bound_forward, make_layer
 
-SHAPE = BLOCK_SHAPES[-1]
-"""On the CPU half the experts on this rank (4 of 8, offset 4): the replay keeps the expert offset too."""
+SHAPE = (16, 64, 8, 2048, 768, 32, 16) if CUDA else BLOCK_SHAPES[-1]
+"""A decode batch (its pairs within what a forward keeps buffers for) of experts split over ranks (half of them here,
+from an offset): the replay keeps the expert offset too. On a GPU, Qwen3-30B's sizes: the suite's largest block shape
+was a prefill, which keeps nothing and so is never recorded."""
 
 DTYPE = torch.bfloat16 if CUDA else torch.float16
 
