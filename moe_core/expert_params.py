@@ -246,6 +246,14 @@ class ExpertParams:
         return self._w2[name]
 
     def gate_up_fused(self, name: str) -> torch.Tensor:
-        """``w13``'s tensor ``name`` with the halves' rows fused, ``[E_local, 2 * out, in']`` (matrix layouts)."""
+        """``w13``'s tensor ``name`` with the halves' rows fused, ``[E_local, 2 * out, in']`` (matrix layouts).
+
+        A tensor of one value per projection (``ParamLayout.SCALAR``, a global scale) has no rows to fuse: its halves
+        differ, and :meth:`gate_up` keeps them apart (``ValueError``)."""
         tensor = self.gate_up(name)
+        if tensor.dim() < 3:
+            raise ValueError(
+                f"{self.scheme}: gate_up_fused({name!r}): a tensor of one value per projection has no rows to fuse; "
+                f"read gate_up({name!r}) ([E_local, 2]: gate's and up's own values)"
+            )
         return tensor.reshape(tensor.shape[0], 2 * tensor.shape[2], *tensor.shape[3:])

@@ -14,7 +14,9 @@ under a named :class:`~moe_core.global_scales.ExpertScalePolicy`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 from typing import ClassVar, Protocol, final
 
 import attrs
@@ -512,6 +514,22 @@ def _refuse_coarser_codes(name: str, codes: torch.Tensor, scales: torch.Tensor) 
         )
 
 
+_QUANTIZED_PER_TENSOR_HERE: contextvars.ContextVar[bool] = contextvars.ContextVar("quantized_per_tensor_here", default=False)
+"""Set while this module quantizes per tensor itself: its codes are per-tensor whatever their rows look like."""
+
+
+@contextlib.contextmanager
+def _quantized_per_tensor_here() -> Iterator[None]:
+    """Codes built inside are this module's own per-tensor quantization: weights whose every row reaches the
+    expert's amax (an outlier input column, rows normalized to their maximum) put a +-448 in every row, as
+    per-channel codes do, and were refused by the heuristics meant for collapsed scales (adversarial pass 19, v01)."""
+    token = _QUANTIZED_PER_TENSOR_HERE.set(True)
+    try:
+        yield
+    finally:
+        _QUANTIZED_PER_TENSOR_HERE.reset(token)
+
+
 @final
 @attrs.frozen(eq=False)
 class Fp8ExpertWeights(_Fp8Stack):
@@ -528,8 +546,9 @@ class Fp8ExpertWeights(_Fp8Stack):
         if self.scales.num_experts != self.codes.shape[0]:
             raise ValueError(f"Fp8ExpertWeights.scales: expected {self.codes.shape[0]} experts, got {self.scales.num_experts}")
         require_same_device([("codes", self.codes), ("scales", self.scales.value)])
-        _refuse_per_channel_codes("Fp8ExpertWeights.codes", self.codes)
-        _refuse_block_codes("Fp8ExpertWeights.codes", self.codes)
+        if not _QUANTIZED_PER_TENSOR_HERE.get():
+            _refuse_per_channel_codes("Fp8ExpertWeights.codes", self.codes)
+            _refuse_block_codes("Fp8ExpertWeights.codes", self.codes)
 
     @staticmethod
     def _grid(values: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -541,7 +560,8 @@ class Fp8ExpertWeights(_Fp8Stack):
         require_ndim("w", w, 3, "[num_experts, rows, cols]")
         amax = w.detach().abs().amax(dim=(1, 2)).to(torch.float32)
         scales = ExpertFp8Scales.from_amax(torch.where(amax > 0, amax, torch.ones_like(amax)))
-        return cls(quantize_fp8(w, cls._grid(scales.value, int(w.shape[1]), int(w.shape[2]))), scales)
+        with _quantized_per_tensor_here():
+            return cls(quantize_fp8(w, cls._grid(scales.value, int(w.shape[1]), int(w.shape[2]))), scales)
 
 
 @final
@@ -589,7 +609,8 @@ class Fp8GateUpWeights:
         """
         shared = torch.maximum(self.gate.scales.value, self.up.scales.value)
         halves = [quantize_fp8(half.dequantize(), shared.reshape(-1, 1, 1)) for half in (self.gate, self.up)]
-        return Fp8ExpertWeights(torch.cat(halves, dim=1), ExpertFp8Scales.from_checkpoint(shared))
+        with _quantized_per_tensor_here():
+            return Fp8ExpertWeights(torch.cat(halves, dim=1), ExpertFp8Scales.from_checkpoint(shared))
 
 
 @final

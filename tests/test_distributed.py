@@ -418,6 +418,17 @@ def test_local_dispatcher_refuses_a_ranks_config_and_misshaped_outputs() -> None
         dispatcher.combine(x, dispatched.handle)
 
 
+def test_a_forward_returning_another_dtype_is_refused_before_the_combine() -> None:
+    """Silent (adversarial pass 19, e02c): one rank's forward returned fp16 rows for bf16 tokens; the combine sends
+    raw bytes, which the other rank read as bf16, 0.92 off (fp32 rows failed inside gloo). Refused on that rank."""
+    layer = RandomLayer.make(top_k=2, seed=0)
+    x, topk = SCENARIOS[1].batch(1, seed=0)
+    x = x.to(torch.bfloat16)
+    moe = ExpertParallelMoe(LocalDispatcher(), lambda rows: rows.hidden_states.to(torch.float16), config=layer.config)
+    with pytest.raises(ValueError, match="ExpertParallelMoe.forward: returned torch.float16 rows for torch.bfloat16 tokens"):
+        moe(x, topk)
+
+
 # ---- simulated ranks: the dispatchers' pack and unpack, exchanges done by hand --------------------------------------
 
 

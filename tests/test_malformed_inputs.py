@@ -37,6 +37,7 @@ from moe_core import (
 import moe_core._checks
 from moe_core._checks import FINITE_CHUNK, require_finite
 from moe_core.backends.reference import REFERENCE_DENSE, REFERENCE_NVFP4
+from moe_core.expert_params import ExpertParams, ParamLayout, ParamSpec
 from moe_core.synthetic import random_dense_layer, random_nvfp4_layer
 
 CONFIG = MoeRunnerConfig(num_experts=4, hidden_size=32, intermediate_size_per_partition=16, top_k=2)
@@ -266,3 +267,14 @@ def test_a_checkpoints_one_layer_wide_value_enters_by_name(gen: torch.Generator)
         Fp8TensorScale.from_layer_checkpoint(per_expert)
     with pytest.raises(ValueError, match=r"expected quantize-side"):
         QuantizeGlobalScale.from_layer_checkpoint(1 / layer_wide)
+
+
+def test_gate_up_fused_of_one_value_per_projection_is_refused_by_name() -> None:
+    """Raw error (adversarial pass 19, s01b): a scheme author's ``gate_up_fused`` on a global-scale spec
+    (``ParamLayout.SCALAR``) failed with ``IndexError: tuple index out of range``."""
+    config = MoeRunnerConfig(num_experts=2, hidden_size=32, intermediate_size_per_partition=16, top_k=1)
+    specs = (ParamSpec("weight", torch.float32, ParamLayout.MATRIX), ParamSpec("scale", torch.float32, ParamLayout.SCALAR))
+    params = ExpertParams("mine", specs, config, torch.device("cpu"))
+    assert params.gate_up_fused("weight").shape == (2, 32, 32) and params.gate_up("scale").shape == (2, 2)
+    with pytest.raises(ValueError, match=r"mine: gate_up_fused\('scale'\): a tensor of one value per projection"):
+        params.gate_up_fused("scale")

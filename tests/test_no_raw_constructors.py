@@ -221,6 +221,24 @@ def test_per_channel_codes_under_collapsed_scales_are_refused(gen: torch.Generat
     assert Fp8ExpertWeights(few.codes, ExpertFp8Scales.from_checkpoint(few.scales.value.amax(dim=1))).shape[1] == 15
 
 
+@pytest.mark.parametrize("weights", ["outlier column", "rows normalized to their maximum"])
+def test_own_per_tensor_quantization_of_weights_whose_every_row_reaches_the_amax_builds(
+    gen: torch.Generator, weights: str
+) -> None:
+    """False refusal (adversarial pass 19, v01): weights whose every row reaches the expert's amax put a +-448 in every
+    row under one per-tensor scale, as per-channel codes do; ``Fp8ExpertWeights.quantize`` (which the refusal's message
+    recommends) refused its own codes, and so did ``Fp8GateUpWeights.quantize``. They build, within E4M3's step."""
+    w = torch.randn(3, 64, 128, generator=gen) * 0.02
+    if weights == "outlier column":
+        w[:, :, 7] = torch.randn(3, 64, generator=gen).sign()
+    else:
+        w = w / w.abs().amax(dim=2, keepdim=True)
+    for quantized in (Fp8ExpertWeights.quantize(w), Fp8GateUpWeights.quantize(w).with_shared_scale()):
+        assert float((quantized.dequantize() - w).abs().max()) <= float(w.abs().max()) / 28
+    with pytest.raises(ValueError, match="Fp8ExpertWeights.codes: expected per-tensor codes, got every nonzero row of 3"):
+        Fp8ExpertWeights(Fp8ExpertWeights.quantize(w).codes, ExpertFp8Scales.from_amax(w.abs().amax(dim=(1, 2))))
+
+
 def test_per_channel_codes_with_pruned_rows_under_collapsed_scales_are_refused(gen: torch.Generator) -> None:
     """Silent (adversarial pass 6, c34): one all-zero (pruned) row per expert got per-channel codes past the check
     above, which asked every row for a +-448: 5.3 off. All-zero rows say nothing and are left out."""

@@ -79,6 +79,28 @@ def test_nvfp4_crossover_is_read_per_layer_with_the_rows_heuristic_elsewhere(
     assert NVFP4_DEQUANTIZE_ROWS == 32
 
 
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("{", "not a table of crossovers"),
+        ("[1]", "expected a JSON object of layer keys, got list"),
+        ('{"k": {"rows": 4}}', r"k: expected \{\"rows_per_expert\": a positive int, ...\}, got \{'rows': 4\}"),
+        ('{"k": {"rows_per_expert": "16"}}', "k: expected"),
+        ('{"k": 16}', "k: expected"),
+    ],
+)
+def test_a_malformed_crossover_table_is_refused_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, match: str
+) -> None:
+    """Raw error (adversarial pass 19, t02): ``KeyError: 'rows_per_expert'`` or a bare ``JSONDecodeError``, naming
+    neither the file nor the variable that points at it."""
+    monkeypatch.setenv(CONFIG_DIR_VARIABLE, str(tmp_path))
+    device = f"Test GPU malformed {len(text)} {text.count('1')}"
+    crossover_file(device).write_text(text)
+    with pytest.raises(ValueError, match=re.escape(str(crossover_file(device))) + ": " + match):
+        nvfp4_dequantizes(device, 64, 8, 128, 2048, 768, False)
+
+
 def test_committed_crossovers_name_tuned_layers() -> None:
     data = json.loads((CONFIG_DIR / "NVIDIA_H200.nvfp4_dequantize.json").read_text())
     tuned = json.loads((CONFIG_DIR / "NVIDIA_H200.json").read_text())

@@ -66,18 +66,21 @@ def device_file(device_name: str) -> Path:
     return (Path(directory) if directory else CONFIG_DIR) / (device_name.replace(" ", "_") + ".json")
 
 
-@functools.cache
-def _table(device_name: str) -> dict[str, object]:
-    path = device_file(device_name)
-    if not path.exists():
-        return {}
+def _json_object(path: Path, what: str) -> dict[str, object]:
+    """The JSON object in ``path``, refused by the file's name where it is not one (``what`` it should be)."""
     try:
         data: object = json.loads(path.read_text())
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not a tuned table ({error})") from None
+        raise ValueError(f"{path}: not {what} ({error})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object of layer keys, got {type(data).__name__}")
     return data
+
+
+@functools.cache
+def _table(device_name: str) -> dict[str, object]:
+    path = device_file(device_name)
+    return _json_object(path, "a tuned table") if path.exists() else {}
 
 
 _FIELDS = frozenset(attrs.fields_dict(KernelConfig))
@@ -161,8 +164,13 @@ def _crossovers(device_name: str) -> dict[str, int]:
     path = crossover_file(device_name)
     if not path.exists():
         return {}
-    data: dict[str, dict[str, object]] = json.loads(path.read_text())
-    return {key: int(str(entry["rows_per_expert"])) for key, entry in data.items()}
+    crossovers = {}
+    for key, entry in _json_object(path, "a table of crossovers").items():
+        rows = entry.get("rows_per_expert") if isinstance(entry, dict) else None
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+            raise ValueError(f"{path}: {key}: expected {{\"rows_per_expert\": a positive int, ...}}, got {entry!r}")
+        crossovers[key] = rows
+    return crossovers
 
 
 def nvfp4_dequantizes(

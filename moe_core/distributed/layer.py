@@ -70,4 +70,12 @@ class ExpertParallelMoe(Generic[FormatT, HandleT]):
         if topk.check_values:
             check_run_values(self.config, StandardDispatchOutput(hidden_states, topk))
         dispatched = self.dispatcher.dispatch(hidden_states, topk)
-        return self.dispatcher.combine(self.forward(dispatched.dispatch), dispatched.handle)
+        out = self.forward(dispatched.dispatch)
+        if isinstance(out, torch.Tensor) and out.dtype != hidden_states.dtype:
+            # the combine sends raw bytes, read on every rank as its own output's dtype: another rank would read these
+            # fp16 bytes as bf16 (0.92 off) or fail inside the collective (adversarial pass 19, e02c)
+            raise ValueError(
+                f"ExpertParallelMoe.forward: returned {out.dtype} rows for {hidden_states.dtype} tokens; a forward "
+                "returns its slot rows in the activations' dtype"
+            )
+        return self.dispatcher.combine(out, dispatched.handle)
