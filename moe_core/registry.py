@@ -690,10 +690,21 @@ class _Slot:
     entry: BackendEntry
 
 
+@final
+@attrs.define
+class _Discovered:
+    """What discovery has loaded: moe-core's own modules first (:attr:`own`), the entry points' plugins after."""
+
+    labels: dict[str, str | None] = attrs.Factory(dict)
+    """Each discovered module (in-tree module or entry point) and the error that stopped it, or None."""
+    own: bool = False
+    """moe-core's own backend modules are loaded (what a registration needs first)."""
+    plugins: bool = False
+    """The entry points' plugins are loaded too (what a question of the registry needs)."""
+
+
 _REGISTRY: dict[str, _Slot] = {}
-_DISCOVERY: dict[str, str | None] = {}
-"""Each discovered module (in-tree module or entry point) and the error that stopped it, or None; empty until the
-first discovery."""
+_DISCOVERY = _Discovered()
 _DISCOVERING: list[int] = []
 """The discovering thread's id while :func:`discover_backends` runs (the modules it imports register through it)."""
 _DISCOVERY_LOCK = threading.RLock()
@@ -732,8 +743,9 @@ def register_backend(
     if not _DISCOVERING or _DISCOVERING == [threading.get_ident()]:
         # moe-core's own names are taken first, also by a plugin that registers before anyone asked; while another
         # thread discovers, a module imported here registers without waiting for it: that thread may be waiting for
-        # this module's import, which this thread holds (adversarial pass 17, c10: both hung)
-        discover_backends()
+        # this module's import, which this thread holds (adversarial pass 17, c10: both hung). Plugins load at the
+        # first question instead: one importing the module registering now would find it half-imported (pass 19, k02)
+        _discover(plugins=False)
     if name in _REGISTRY:
         raise ValueError(f"name: a backend named {name!r} is already registered")
     if not isinstance(priority, Priority):
@@ -795,9 +807,9 @@ def _load(module: str, label: str) -> None:
     except Exception as error:  # a plugin may fail in any way: report it, load the rest
         for name in set(_REGISTRY) - before:
             del _REGISTRY[name]
-        _DISCOVERY[label] = f"{type(error).__name__}: {error}"
+        _DISCOVERY.labels[label] = f"{type(error).__name__}: {error}"
     else:
-        _DISCOVERY[label] = None
+        _DISCOVERY.labels[label] = None
 
 
 def discover_backends() -> dict[str, str | None]:
@@ -808,29 +820,38 @@ def discover_backends() -> dict[str, str | None]:
     Returns each module's label (``moe_core.backends.<name>`` or the entry
     point's name) with None where it loaded, or the error that stopped it.
     """
-    if _DISCOVERY and not _DISCOVERING:
-        return dict(_DISCOVERY)
-    with _DISCOVERY_LOCK:  # re-entered by the discovering thread's own registrations, which see what loaded so far
-        if _DISCOVERY or _DISCOVERING:
-            return dict(_DISCOVERY)
+    _discover(plugins=True)
+    return dict(_DISCOVERY.labels)
+
+
+def _discover(*, plugins: bool) -> None:
+    """Load moe-core's backend modules once, and with ``plugins`` the entry points' after them, under the discovery
+    lock; re-entered by the discovering thread's own registrations, which see what loaded so far."""
+
+    def done() -> bool:
+        return _DISCOVERY.plugins or (_DISCOVERY.own and not plugins)
+
+    if done() and not _DISCOVERING:
+        return
+    with _DISCOVERY_LOCK:
+        if done() or _DISCOVERING:
+            return
         _DISCOVERING.append(threading.get_ident())
         try:
-            _discover()
+            if not _DISCOVERY.own:
+                package = importlib.import_module(IN_TREE_PACKAGE)
+                for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
+                    if not module.name.startswith("_"):
+                        name = f"{IN_TREE_PACKAGE}.{module.name}"
+                        _load(name, name)
+                _DISCOVERY.own = True
+            if plugins:
+                for entry in entry_points(group=ENTRY_POINT_GROUP):
+                    if entry.module.split(".")[:2] != IN_TREE_PACKAGE.split("."):
+                        _load(entry.module, entry.name)
+                _DISCOVERY.plugins = True
         finally:
             _DISCOVERING.clear()
-    return dict(_DISCOVERY)
-
-
-def _discover() -> None:
-    """Load moe-core's backend modules, then the entry points' (:func:`discover_backends`, holding its lock)."""
-    package = importlib.import_module(IN_TREE_PACKAGE)
-    for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
-        if not module.name.startswith("_"):
-            name = f"{IN_TREE_PACKAGE}.{module.name}"
-            _load(name, name)
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        if entry.module.split(".")[:2] != IN_TREE_PACKAGE.split("."):
-            _load(entry.module, entry.name)
 
 
 def plugin_errors() -> dict[str, str]:

@@ -32,7 +32,7 @@ def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Registrations made by the test vanish after it, and so do the plugin modules it imported; discovery runs
     afresh inside it (so monkeypatched entry points are found)."""
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_DISCOVERY", {})
+    monkeypatch.setattr(registry, "_DISCOVERY", registry._Discovered())
     yield
     for name in [name for name in sys.modules if name.startswith("tests.plugins.")]:
         del sys.modules[name]

@@ -21,7 +21,7 @@ from tests.test_cli import SMALL, table_lines, table_rows
 def ignoring_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The plugins of ``tests/plugins/ignores_config.py`` beside the real entry points, gone after the test."""
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_DISCOVERY", {})
+    monkeypatch.setattr(registry, "_DISCOVERY", registry._Discovered())
     extra = [EntryPoint("ignores", "tests.plugins.ignores_config", ENTRY_POINT_GROUP)]
     real = list(entry_points(group=ENTRY_POINT_GROUP))
     monkeypatch.setattr(registry, "entry_points", lambda group: [*extra, *real])

@@ -74,7 +74,7 @@ def table_rows(out: str, which: int = -1) -> dict[str, list[str]]:
 def plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Faulty plugins beside the real entry points; everything they register vanishes after the test."""
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_DISCOVERY", {})
+    monkeypatch.setattr(registry, "_DISCOVERY", registry._Discovered())
     extra = [
         EntryPoint("faulty", "tests.plugins.faulty_backends", ENTRY_POINT_GROUP),
         EntryPoint("half", "tests.plugins.raises_after_register", ENTRY_POINT_GROUP),

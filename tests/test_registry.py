@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 
 import attrs
 import pytest
@@ -359,6 +361,36 @@ def test_registering_before_anyone_asked_cannot_take_an_in_tree_name() -> None:
     result = subprocess.run([sys.executable, "-c", direct], capture_output=True, text=True, check=True)
     assert "a backend named 'reference-dense' is already registered" in result.stdout, result.stdout + result.stderr
     assert "['reference-dense', 'reference-fp8']" in result.stdout
+
+
+@pytest.mark.parametrize("first", ["moe_core", "moe_core.backends.reference"])
+def test_a_plugin_importing_the_reference_backends_loads_whatever_was_imported_first(tmp_path: Path, first: str) -> None:
+    """False refusal (adversarial pass 19, k02): a plugin importing ``moe_core.backends.reference`` at module level
+    (as tests/plugins do) failed with a circular ``ImportError`` when the program imported that module first: its
+    first registration discovered the plugins while it was half-imported. Plugins load at the first question now."""
+    package = tmp_path / "refplugin"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "from moe_core import DENSE, DenseMoeWeights, Priority, Tier, register_backend\n"
+        "from moe_core.backends.reference import REFERENCE_DENSE, reference_supports\n"
+        "from moe_core.conversion import Conversion\n"
+        "def _as_is(weights: DenseMoeWeights) -> DenseMoeWeights:\n"
+        "    return weights\n"
+        "KEY = register_backend('refplugin-dense', description='the reference, again', factory=REFERENCE_DENSE.factory,\n"
+        "    supports=reference_supports, priority=Priority(Tier.ORACLE, 99), conversions=(Conversion(DENSE, _as_is),))\n"
+    )
+    info = tmp_path / "refplugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: refplugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nrefplugin = refplugin\n")
+    program = (
+        f"import {first}\n"
+        "from moe_core import DENSE, candidates, plugin_errors\n"
+        "print(plugin_errors(), 'refplugin-dense' in [route.name for route in candidates(DENSE)])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, env=env)
+    assert result.stdout.strip() == "{} True", result.stdout + result.stderr
 
 
 def test_threads_asking_first_all_wait_for_the_whole_table() -> None:
