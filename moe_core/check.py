@@ -123,10 +123,10 @@ def backend_tolerance(dtype: torch.dtype, quantizes_activations: bool, device: t
 
 
 def batch_sizes(tokens: int) -> list[int]:
-    """The token counts each format also runs besides the run's ``tokens``, untimed: one (decode) and ``4 * tokens +
-    1`` (past the run's count and any power-of-two chunk: a plugin wrong above 64 tokens passed a 64-token check,
-    pass 6, c29)."""
-    return [count for count in (1, 4 * tokens + 1) if count != tokens]
+    """The token counts each format also runs besides the run's ``tokens``, untimed: one (decode), five (a small
+    batch: a plugin wrong on 2 to 32 tokens passed, adversarial pass 19, k01) and ``4 * tokens + 1`` (past the run's
+    count and any power-of-two chunk: a plugin wrong above 64 tokens passed a 64-token check, pass 6, c29)."""
+    return [count for count in (1, 5, 4 * tokens + 1) if count != tokens]
 
 VARIANT_SCALING_FACTOR = 2.5
 """The routed scaling factor of its variant (any value other than 1 that the default config does not have)."""
@@ -139,29 +139,35 @@ def config_variants(config: MoeRunnerConfig) -> list[tuple[str, MoeRunnerConfig]
     Every activation and every routing method other than the config's, with
     parameters (:data:`~moe_core.config.EXAMPLE_ACTIVATIONS`,
     :func:`~moe_core.config.example_routings`: a new one is checked without
-    an edit here), a routed scaling factor other than the config's, expert
+    an edit here), another top-k (two more slots, or one fewer where no more
+    fit), a routed scaling factor other than the config's, expert
     biases where the config has none (and none where it has some), and
-    expert parallelism (the last half of the experts local) where all experts
-    are local. A value the config's own validation refuses for these sizes
-    is left out.
+    expert parallelism (the last half of the experts local, and a slice from
+    the middle: a plugin taking its experts to be the last ones passed the
+    last half alone, adversarial pass 19, k01) where all experts are local.
+    A value the config's own validation refuses for these sizes is left out.
     """
     factor = VARIANT_SCALING_FACTOR if config.routed_scaling_factor != VARIANT_SCALING_FACTOR else 1.0
+    top_k = config.top_k + 2 if config.top_k + 2 <= config.num_experts else config.top_k - 1
     changes: list[tuple[str, Callable[[], MoeRunnerConfig]]] = [
         *((f"activation={a.value}", functools.partial(attrs.evolve, config, activation=a))
           for a in EXAMPLE_ACTIVATIONS if a != config.activation),
         *((f"routing={r.value}", functools.partial(attrs.evolve, config, routing_method=r))
           for r in example_routings(config.num_experts, config.top_k) if r != config.routing_method),
+        (f"top_k={top_k}", functools.partial(attrs.evolve, config, top_k=top_k)),
         (f"routed_scaling_factor={factor:g}", functools.partial(attrs.evolve, config, routed_scaling_factor=factor)),
         (f"expert_biases={not config.expert_biases}",
          functools.partial(attrs.evolve, config, expert_biases=not config.expert_biases)),
     ]
     if config.num_local_experts == config.num_experts > 1:
-        local = config.num_experts // 2
-        offset = config.num_experts - local
-        changes.append((
-            f"local_experts={offset}-{config.num_experts - 1}/{config.num_experts}",
-            functools.partial(attrs.evolve, config, num_local_experts=local, local_expert_offset=offset),
-        ))
+        experts = config.num_experts
+        slices = {(experts - experts // 2, experts // 2), (max(1, experts // 4), max(1, experts // 2))}
+        for offset, local in sorted(slices, reverse=True):
+            if offset + local <= experts:
+                changes.append((
+                    f"local_experts={offset}-{offset + local - 1}/{experts}",
+                    functools.partial(attrs.evolve, config, num_local_experts=local, local_expert_offset=offset),
+                ))
     variants = []
     for name, change in changes:
         try:
@@ -196,13 +202,29 @@ def _variant_layer(
     tokens = min(VARIANT_TOKENS, dispatch.topk.num_tokens)
     logits = dispatch.topk.router_logits
     if logits is None:
-        if variant.routing_method is not config.routing_method:
+        if variant.routing_method is not config.routing_method or variant.top_k != config.top_k:
             return "the batch has no router logits to route again"
         topk = TopKOutput(dispatch.topk.topk_ids[:tokens], dispatch.topk.topk_weights[:tokens], num_experts=variant.num_experts)
     else:
         topk = select_experts(logits[:tokens], variant, score_correction_bias=None)
     weights = DenseMoeWeights(w13=w13, w2=source.w2[experts], biases=biases)
     return weights, StandardDispatchOutput(dispatch.hidden_states[:tokens], topk)
+
+
+def _edited_after_routing(dispatch: StandardDispatchOutput, config: MoeRunnerConfig) -> StandardDispatchOutput | None:
+    """The batch with every slot moved to the next expert, its router logits kept and ``from_router_logits=False``
+    (an engine's expert remap): a backend computes the top-k it is given, and one routing again from the attached
+    logits passed every other row (adversarial pass 19, k01). None where the batch has no logits or the layer's
+    experts are not all local (the moved slots would leave the rank)."""
+    topk = dispatch.topk
+    if topk.router_logits is None or config.num_local_experts != config.num_experts or config.num_experts < 2:
+        return None
+    moved = (topk.topk_ids.long() + 1) % config.num_experts
+    edited = TopKOutput(
+        moved.to(topk.topk_ids.dtype), topk.topk_weights, topk.router_logits, num_experts=topk.num_experts,
+        from_router_logits=False,
+    )
+    return StandardDispatchOutput(dispatch.hidden_states, edited)
 
 
 def _fresh_batch(run: CheckRun, tokens: int) -> StandardDispatchOutput:
@@ -385,6 +407,10 @@ class FormatCheck(Generic[W]):
         for tokens in batch_sizes(run.dispatch.topk.num_tokens):
             batch_run = attrs.evolve(run, dispatch=_fresh_batch(run, tokens))
             rows += self.rows_for(batch_run, weights, label=f"{self.format.name}[tokens={tokens}]", timed=False)
+        edited = _edited_after_routing(run.dispatch, run.config)
+        if edited is not None:
+            label = f"{self.format.name}[topk=edited_after_routing]"
+            rows += self.rows_for(attrs.evolve(run, dispatch=edited), weights, label=label, timed=False)
         return rows
 
     def variant_rows(self, run: CheckRun, name: str, variant: MoeRunnerConfig, weights: W | None = None) -> list[CheckRow]:

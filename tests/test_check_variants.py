@@ -41,12 +41,14 @@ def test_variants_cover_every_activation_and_routing_a_scaling_factor_and_expert
     assert {"sigmoid_topk", "grouped_topk", "grouped_topk_softmax", "llama4_sigmoid", "sparsemixer"} <= names
     assert len(names) == len(routings), "each routing variant has a name of its own in the table"
     assert variants[f"routed_scaling_factor={VARIANT_SCALING_FACTOR:g}"].routed_scaling_factor == VARIANT_SCALING_FACTOR
-    parallel = variants["local_experts=4-7/8"]
+    parallel, middle = variants["local_experts=4-7/8"], variants["local_experts=2-5/8"]
     assert (parallel.num_local_experts, parallel.local_expert_offset) == (4, 4)
+    assert (middle.num_local_experts, middle.local_expert_offset) == (4, 2)
+    assert variants["top_k=4"].top_k == 4
     assert variants["expert_biases=True"].expert_biases
-    for variant in variants.values():  # one field at a time
+    for variant in variants.values():  # one field at a time (a slice of the experts is one)
         changed = [name for name in ("activation", "routing_method", "routed_scaling_factor", "num_local_experts",
-                                     "expert_biases")
+                                     "expert_biases", "top_k")
                    if getattr(variant, name) != getattr(config, name)]
         assert len(changed) == 1
 
@@ -120,6 +122,27 @@ def test_a_backend_wrong_on_some_slots_or_past_some_tokens_fails(capsys: pytest.
     assert rows["dense[tokens=129] ignores-biases"][-1] == "ok"
     assert rows["dense drops-small-slots"][-1].startswith("FAILED: error above 0.0156")
     assert rows["dense[routing=softmax_topk] drops-small-slots"][-1].startswith("FAILED: error above 0.0156")
+
+
+@pytest.mark.usefixtures("ignoring_plugins")
+def test_a_backend_wrong_on_a_slice_of_experts_small_batches_edits_or_more_slots_fails(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Silent in ``moe-core check`` (adversarial pass 19, k01): four plugins passed every row of the default check,
+    then ran 0.42-1.56 off: one taking its experts to be the layer's last ones (the only slice checked), one wrong on
+    2 to 32 tokens, one routing again from the router logits a top-k carries, one computing two slots a token. The
+    check now also runs a middle slice of the experts, five tokens, a top-k edited after routing and another top-k."""
+    assert main(["check", *SMALL]) == 1
+    rows = table_rows(capsys.readouterr().out)
+    for plugin in ("ignores-expert-offset", "ignores-topk-edits", "ignores-extra-slots"):
+        assert rows[f"dense {plugin}"][-1] == "ok", "right on the default config and batch"
+    assert rows["dense[tokens=1] ignores-small-batches"][-1] == "ok"
+    assert rows["dense[local_experts=2-3/4] ignores-expert-offset"][-1] == "ok", "right for the last experts"
+    assert rows["dense[local_experts=1-2/4] ignores-expert-offset"][-1].startswith("FAILED: error above")
+    assert rows["dense[tokens=5] ignores-small-batches"][-1].startswith("FAILED: error above")
+    assert rows["dense[topk=edited_after_routing] ignores-topk-edits"][-1].startswith("FAILED: error above")
+    assert rows["dense[top_k=4] ignores-extra-slots"][-1].startswith("FAILED: error above")
+    assert rows["dense[topk=edited_after_routing] reference-dense"][-1] == "ok"
 
 
 def test_the_default_check_in_float32_passes_its_quantized_oracles(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,13 +1,16 @@
 """A plugin that claims every config yet computes only the default one, for the tests of ``moe-core check``'s variants.
 
-Importing this module registers seven dense backends: one that always
+Importing this module registers eleven dense backends: one that always
 computes gated SiLU, whatever the config's activation, one that computes the
 config's activation without its limits (the clamped and limited SwiGLUs),
 one that drops the routed scaling factor, one that drops the experts'
 biases, one that weights every expert's output by its top-k weight whatever
 the routing method (Llama 4's weights scale the expert's input), one that
-skips slots of small weight, and one that is wrong past 48 tokens. All
-answer ``supports`` with ok for any layer.
+skips slots of small weight, one that is wrong past 48 tokens, and four more
+(adversarial pass 19): one taking its experts to be the layer's last ones, one
+wrong on small batches, one routing again from the logits a top-k carries,
+and one computing two slots a token. All answer ``supports`` with ok for any
+layer.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from moe_core import (
     StandardDispatchOutput,
     TopKOutput,
     register_backend,
+    select_experts,
 )
 from moe_core.backends.reference import ORACLE, REFERENCE_DENSE, reference_supports
 
@@ -137,6 +141,65 @@ class ChunkingRunner:
         return out[torch.arange(tokens, device=out.device) % CHUNK_TOKENS].contiguous()
 
 
+def _reweighted(dispatch: DispatchOutput, weights: torch.Tensor) -> StandardDispatchOutput:
+    topk = dispatch.topk
+    return StandardDispatchOutput(
+        dispatch.hidden_states, TopKOutput(topk.topk_ids, weights, num_experts=topk.num_experts, check_values=False)
+    )
+
+
+@attrs.frozen
+class LastExpertsRunner:
+    """The dense reference, taking this rank's experts to be the layer's last ones whatever its offset (right for one
+    rank of two, wrong elsewhere: adversarial pass 19, k01)."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        last = attrs.evolve(self.config, local_expert_offset=self.config.num_experts - self.config.num_local_experts)
+        return REFERENCE_DENSE.factory(last).run(dispatch, quant_info)
+
+
+@attrs.frozen
+class SmallBatchRunner:
+    """The dense reference, with a "small batch path" (2 to 32 tokens) that drops each token's last slot."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        topk = dispatch.topk
+        if 2 <= topk.num_tokens <= 32 and topk.top_k > 1:
+            weights = topk.topk_weights.clone()
+            weights[:, -1] = 0
+            dispatch = _reweighted(dispatch, weights)
+        return REFERENCE_DENSE.factory(self.config).run(dispatch, quant_info)
+
+
+@attrs.frozen
+class RoutingAgainRunner:
+    """The dense reference on the top-k routed again from the router logits a top-k carries, edited or not."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        logits = dispatch.topk.router_logits
+        if logits is not None:
+            dispatch = StandardDispatchOutput(dispatch.hidden_states, select_experts(logits, self.config, score_correction_bias=None))
+        return REFERENCE_DENSE.factory(self.config).run(dispatch, quant_info)
+
+
+@attrs.frozen
+class TopTwoRunner:
+    """The dense reference over each token's first two slots only (a top-2 kernel), whatever the top-k."""
+
+    config: MoeRunnerConfig
+
+    def run(self, dispatch: DispatchOutput, quant_info: DenseMoeWeights, /) -> torch.Tensor:
+        weights = dispatch.topk.topk_weights.clone()
+        weights[:, 2:] = 0
+        return REFERENCE_DENSE.factory(self.config).run(_reweighted(dispatch, weights), quant_info)
+
+
 IGNORING: tuple[tuple[str, str, Callable[[MoeRunnerConfig], Runner[DenseMoeWeights]]], ...] = (
     ("ignores-activation", "claims every activation, computes gated SiLU", AlwaysSiluRunner),
     ("ignores-limits", "claims every activation, computes the clamped and limited SwiGLUs without their limits",
@@ -146,6 +209,10 @@ IGNORING: tuple[tuple[str, str, Callable[[MoeRunnerConfig], Runner[DenseMoeWeigh
     ("ignores-routing", "claims every routing method, weights every expert's output", OutputWeightingRunner),
     ("drops-small-slots", f"skips slots weighted under {SMALL_WEIGHT}", SmallSlotDroppingRunner),
     ("chunks-wrong", f"right on {CHUNK_TOKENS} tokens, repeats them past that", ChunkingRunner),
+    ("ignores-expert-offset", "takes its experts to be the layer's last ones", LastExpertsRunner),
+    ("ignores-small-batches", "drops each token's last slot on 2 to 32 tokens", SmallBatchRunner),
+    ("ignores-topk-edits", "routes again from the router logits a top-k carries", RoutingAgainRunner),
+    ("ignores-extra-slots", "computes each token's first two slots only", TopTwoRunner),
 )
 """Each plugin's name, what it claims and computes, and its runner."""
 
