@@ -15,13 +15,13 @@ from moe_core import MoeRunnerConfig
 from moe_core.backends.triton import launch as launch_module
 from moe_core.backends.triton import plans
 from moe_core.backends.triton.launch import Fp8Inputs, Gemm, fused_moe
-from moe_core.backends.triton.launcher import THROUGH_TRITON, KernelLauncher
+from moe_core.backends.triton.launcher import THROUGH_TRITON, KernelLauncher, current_target
 from moe_core.backends.triton.replay import RECORDINGS, Inputs, Replay
 from moe_core.backends.triton.runner import TritonRunner
 from moe_core.backends.triton.scratch import FRESH, KeptScratch, Scratch, forward_scratch
 from moe_core.registry import BoundRunner
 from moe_core.runner import QuantInfo
-from tests.test_triton import BLOCK_SHAPES, CUDA, bound_forward, make_layer
+from tests.test_triton import BLOCK_SHAPES, CUDA, DEVICE, bound_forward, make_layer
 
 SHAPE = (16, 64, 8, 2048, 768, 32, 16) if CUDA else BLOCK_SHAPES[-1]
 """A decode batch (its pairs within what a forward keeps buffers for) of experts split over ranks (half of them here,
@@ -119,9 +119,7 @@ def test_a_replay_whose_kept_buffers_were_dropped_records_again(gen: torch.Gener
     forward, runner = _bound(gen, "fp8-dynamic")
     calls = _python_forwards(monkeypatch)
     _afresh(gen, forward, runner)
-    kept = forward_scratch(1, 0, torch.device("cpu")) if not CUDA else None
-    if kept is None:
-        pytest.skip("the CPU's kept scratch (stream 0) is dropped here")
+    kept = forward_scratch(1, current_target()[1], DEVICE)  # the current stream's, this thread's
     assert isinstance(kept, KeptScratch)
     kept._kept.clear()  # what the bound on kept bytes does to the oldest buffers
     gc.collect()
@@ -149,9 +147,7 @@ def test_a_forward_whose_buffers_keep_being_dropped_stops_recording(gen: torch.G
     more than the forward, so after RECORDINGS recordings the forward runs as itself (adversarial pass 17's note)."""
     forward, runner = _bound(gen, "dense")
     calls = _python_forwards(monkeypatch)
-    kept = forward_scratch(1, 0, torch.device("cpu")) if not CUDA else None
-    if kept is None:
-        pytest.skip("the CPU's kept scratch (stream 0) is dropped here")
+    kept = forward_scratch(1, current_target()[1], DEVICE)  # the current stream's, this thread's
     assert isinstance(kept, KeptScratch)
     for _ in range(RECORDINGS + 2):
         out, own = _afresh(gen, forward, runner)
