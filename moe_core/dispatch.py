@@ -8,6 +8,7 @@ from typing import Protocol, final
 import attrs
 import torch
 
+from moe_core._compile import constructed_eagerly
 from moe_core._checks import (
     FLOAT_DTYPES,
     require_distinct_per_row,
@@ -29,6 +30,7 @@ class DispatchFormat(enum.Enum):
     """All of this rank's tokens, unpermuted, with their global top-k routing."""
 
 
+@constructed_eagerly
 @final
 @attrs.frozen(eq=False)
 class TopKOutput:
@@ -125,6 +127,7 @@ class DispatchOutput(Protocol):
         ...
 
 
+@constructed_eagerly
 @final
 @attrs.frozen(eq=False)
 class StandardDispatchOutput:

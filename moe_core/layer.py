@@ -9,7 +9,7 @@ shared expert, with nothing re-inferred.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar, final
+from typing import final
 
 import attrs
 import torch
@@ -27,6 +27,7 @@ from moe_core._checks import (
     require_tensor,
     require_unwritten_since_built,
 )
+from moe_core._compile import run_eagerly
 from moe_core.capability import DeviceSpec, LayerSpec
 from moe_core.config import ACTIVATION_TYPES, ExpertActivation, MoeRunnerConfig, config_differences
 from moe_core.dispatch import StandardDispatchOutput, TopKOutput
@@ -34,15 +35,6 @@ from moe_core.formats.dense import DENSE, DenseMoeWeights
 from moe_core.registry import BoundRunner, MoeForward, choose
 from moe_core.routing import Router, check_router, route, routing_summary
 
-
-Fn = TypeVar("Fn", bound=Callable[..., object])
-
-
-def run_eagerly(function: Fn) -> Fn:
-    """``function`` run eagerly under ``torch.compile``: the compiled graph breaks around it (dynamo cannot trace
-    moe-core's attrs-validated values, and the layer launches its own kernels)."""
-    disabled: Fn = torch.compiler.disable(function)  # type: ignore[no-untyped-call]  # torch leaves disable untyped
-    return disabled
 
 
 @final

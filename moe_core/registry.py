@@ -38,6 +38,7 @@ from typing import Generic, Protocol, TypeVar, final, overload
 import attrs
 import torch
 
+from moe_core._compile import run_eagerly
 from moe_core._checks import WriteCount, none_moved, overlaps, require_unwritten_since_built, write_count
 from moe_core.capability import DeviceSpec, LayerSpec, Priority, Support, Tier
 from moe_core.config import MoeRunnerConfig, config_differences
@@ -88,6 +89,7 @@ class BoundRunner(Generic[Q]):
         counted = [(path, WriteCount(value)) for path, value in held if isinstance(value, torch.Tensor)]
         object.__setattr__(self, "_writes", tuple(c for c in counted if c[1].count >= 0))  # inference tensors count none
 
+    @run_eagerly
     def __call__(self, dispatch: DispatchOutput, /) -> torch.Tensor:
         """``runner.run(dispatch, quant_info)``; for standard dispatches, the output is held to the
         :class:`~moe_core.runner.Runner` contract (``[T, H]`` in the hidden states' dtype and device), so a backend that

@@ -31,6 +31,7 @@ from moe_core._checks import (
     require_tensor,
     require_unwritten_since_built,
 )
+from moe_core._compile import run_eagerly
 from moe_core.config import (
     GroupedTopK,
     GroupScore,
@@ -228,6 +229,7 @@ def check_correction_bias(score_correction_bias: torch.Tensor, router_logits: to
     require_same_device([("router_logits", router_logits), ("score_correction_bias", score_correction_bias)])
 
 
+@run_eagerly
 def select_experts(
     router_logits: torch.Tensor,
     config: MoeRunnerConfig,
@@ -348,6 +350,7 @@ def routing_summary(config: MoeRunnerConfig, device: torch.device, *, fused: boo
     return f"routing: none, route(fused=True) refuses: {kernel}" if fused else f"routing: select_experts ({kernel})"
 
 
+@run_eagerly
 def route(
     hidden_states: torch.Tensor, router: Router, config: MoeRunnerConfig, *, fused: bool | None = None
 ) -> TopKOutput:

@@ -293,6 +293,26 @@ def test_a_swapped_model_compiles_with_the_moe_block_run_eagerly(gen: torch.Gene
     assert float((got - expected).abs().max() / expected.abs().max()) < 1e-5
 
 
+@pytest.mark.parametrize("how", ["select_experts", "route"])
+def test_a_compiled_forward_that_routes_and_dispatches_itself_runs(gen: torch.Generator, how: str) -> None:
+    """Raw error (adversarial pass 20, d04): ``torch.compile`` of a module routing with ``select_experts`` or
+    ``route``, building the ``StandardDispatchOutput`` and calling the bound forward itself (the README's path)
+    failed inside dynamo on the top-k's attrs constructor. The graph breaks around each of them now."""
+    config = _config(RoutingMethod.TOPK_RENORMALIZE, 2)
+    router = Router(weight=torch.randn(E, H, generator=gen))
+    forward = REFERENCE_DENSE.bind(config, _weights(gen))
+
+    def layer(x: torch.Tensor) -> torch.Tensor:
+        topk = select_experts(x @ router.weight.T, config) if how == "select_experts" else route(x, router, config)
+        return forward(StandardDispatchOutput(x, topk)) * 2
+
+    compiled = torch.compile(layer, backend="eager", dynamic=True)
+    for tokens in (3, 1, 5):
+        x = torch.randn(tokens, H, generator=gen)
+        assert torch.equal(compiled(x), layer(x))
+    torch._dynamo.reset()
+
+
 def test_flashinfer_runners_taken_by_key_refuse_what_their_kernels_do_not_compute() -> None:
     """``create_runner``/``key.bind`` never ask ``supports``: the runners refuse input-side weights (Llama 4) and
     expert biases themselves, as they refused other activations."""

@@ -53,7 +53,8 @@ from moe_core.config import (
     SparseMixer,
 )
 from moe_core.formats.dense import DenseMoeWeights, ExpertBiases, GateUpLayout
-from moe_core.layer import MoeLayer, SharedExpert, dense_layer, run_eagerly
+from moe_core._compile import run_eagerly
+from moe_core.layer import MoeLayer, SharedExpert, dense_layer
 from moe_core.routing import Router
 
 T = TypeVar("T")
