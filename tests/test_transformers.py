@@ -24,6 +24,7 @@ from torch.nn.utils import prune
 transformers = pytest.importorskip("transformers")
 
 from moe_core import StandardDispatchOutput  # noqa: E402
+from moe_core.config import HIDDEN_ACTS  # noqa: E402
 from moe_core.checkpoint import MoeCheckpoint  # noqa: E402
 from moe_core.integrations.transformers import FAMILIES, MoeCoreBlock, swap_moe_blocks  # noqa: E402
 from moe_core.layer import MoeLayer  # noqa: E402
@@ -800,3 +801,10 @@ def test_checkpoints_transformers_saves_load_as_its_blocks_compute(gen: torch.Ge
             got = got + shared(x)
     want = want[0] if isinstance(want, tuple) else want
     assert _relative_error(got, want.reshape(got.shape)) <= TOLERANCE
+
+
+@pytest.mark.parametrize("hidden_act", sorted(name for name, activation in HIDDEN_ACTS.items() if activation.gated))
+def test_every_gated_hidden_act_name_swaps(gen: torch.Generator, hidden_act: str) -> None:
+    """False refusal (adversarial pass 20, d11): the swap's check of the block's own activation ran in float32, where
+    transformers' erf-formula GELU (``gelu_python``) is 5e-7 off torch's; it runs in float64 now."""
+    _check_block("mixtral", gen, f"mixtral/{hidden_act}", hidden_act=hidden_act)
