@@ -75,6 +75,25 @@ def test_expert_tensors_the_loader_does_not_read_are_refused(checkpoint_copy: Pa
         MoeCheckpoint(checkpoint_copy).load_layer(0)
 
 
+def test_a_router_bias_missing_where_the_architecture_adds_one_or_present_where_it_has_none_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Silent (adversarial pass 20, d10): a gpt-oss checkpoint without its ``router.bias`` loaded and routed without
+    it, 0.17 off its model; a bias in a Qwen3-MoE checkpoint would be added where its model adds none."""
+    gpt_oss = copy_checkpoint(FIXTURES / "gpt_oss_mxfp4", tmp_path / "gpt_oss")
+    tensors = load_file(gpt_oss / "model.safetensors")
+    key = next(name for name in tensors if name.endswith("mlp.router.bias"))
+    del tensors[key]
+    save_file(tensors, gpt_oss / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=re.escape(f"{key}: not in {gpt_oss}, and the gpt_oss router adds it to its logits")):
+        MoeCheckpoint(gpt_oss).router(int(key.split(".")[2]))
+    qwen3 = copy_checkpoint(FIXTURES / "qwen3_moe_bf16", tmp_path / "qwen3")
+    weight = "model.layers.0.mlp.gate.weight"
+    rewrite_tensor(qwen3, "model.layers.0.mlp.gate.bias", torch.ones(MoeCheckpoint(qwen3).num_experts), beside=weight)
+    with pytest.raises(ValueError, match=r"mlp\.gate\.bias: the qwen3_moe router has no bias, which its model would not add"):
+        MoeCheckpoint(qwen3).router(0)
+
+
 def test_missing_tensor_is_named(checkpoint_copy: Path) -> None:
     rewrite_tensor(checkpoint_copy, f"{EXPERT_3_UP}.weight_scale", None)
     with pytest.raises(ValueError, match=re.escape("1 checkpoint tensors were never loaded: experts.3.up_proj.weight_scale")):

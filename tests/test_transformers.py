@@ -549,6 +549,10 @@ def test_router_logits_asked_per_call_of_a_swapped_model_are_refused(gen: torch.
         with pytest.raises(ValueError, match=r"MixtralForCausalLM\(output_router_logits=True\): its MoE blocks were swapped"):
             model(ids, output_router_logits=True)
         assert bool(torch.isfinite(model(ids, output_router_logits=False).logits).all())
+        model.config.output_router_logits = True  # after the swap (adversarial pass 20, d02b: the same IndexError)
+        with pytest.raises(ValueError, match=r"config.output_router_logits=True \(set after the swap\): its MoE blocks"):
+            model(ids)
+        assert bool(torch.isfinite(model(ids, output_router_logits=False).logits).all())
 
 
 def test_training_mode_is_refused(gen: torch.Generator) -> None:

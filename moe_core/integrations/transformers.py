@@ -1048,11 +1048,18 @@ def _refuse_hooks(path: str, block: nn.Module, kept: nn.Module | None) -> None:
 def _refuse_router_logits(
     model: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
 ) -> tuple[tuple[object, ...], dict[str, object]] | None:
-    """A swapped model's forward hook: ``output_router_logits=True`` asked per call, as the config's flag is refused
-    at the swap (transformers failed inside its load-balancing loss with a raw ``IndexError``)."""
-    if kwargs.get("output_router_logits") is True:
+    """A swapped model's forward hook: ``output_router_logits=True`` asked per call, or by the model's config after the
+    swap (which refuses the flag; adversarial pass 20, d02b), as transformers reads it: the call's, else the
+    config's (transformers failed inside its load-balancing loss with a raw ``IndexError``)."""
+    asked = kwargs.get("output_router_logits")
+    if asked is None:
+        asked = getattr(getattr(model, "config", None), "output_router_logits", None)
+        where = "config.output_router_logits=True (set after the swap)"
+    else:
+        where = f"{type(model).__name__}(output_router_logits=True)"
+    if asked is True:
         raise ValueError(
-            f"{type(model).__name__}(output_router_logits=True): its MoE blocks were swapped for moe-core layers, which "
-            "record no router logits for transformers' load-balancing loss; call it without output_router_logits"
+            f"{where}: its MoE blocks were swapped for moe-core layers, which record no router logits for "
+            "transformers' load-balancing loss; call it without output_router_logits"
         )
     return None
