@@ -139,29 +139,30 @@ def config_variants(config: MoeRunnerConfig) -> list[tuple[str, MoeRunnerConfig]
     Every activation and every routing method other than the config's, with
     parameters (:data:`~moe_core.config.EXAMPLE_ACTIVATIONS`,
     :func:`~moe_core.config.example_routings`: a new one is checked without
-    an edit here), another top-k (two more slots, or one fewer where no more
-    fit), a routed scaling factor other than the config's, expert
+    an edit here), top-k 1 and top-k of every expert (other than the
+    config's), a routed scaling factor other than the config's, expert
     biases where the config has none (and none where it has some), and
     expert parallelism (the last half of the experts local, and a slice from
-    the middle: a plugin taking its experts to be the last ones passed the
-    last half alone, adversarial pass 19, k01) where all experts are local.
+    an odd offset: a plugin taking its experts to be the last ones passed the
+    last half alone, adversarial pass 19, k01; one wrong at odd offsets passed
+    an even one, pass 21, a06) where all experts are local.
     A value the config's own validation refuses for these sizes is left out.
     """
     factor = VARIANT_SCALING_FACTOR if config.routed_scaling_factor != VARIANT_SCALING_FACTOR else 1.0
-    top_k = config.top_k + 2 if config.top_k + 2 <= config.num_experts else config.top_k - 1
+    top_ks = sorted({1, config.num_experts} - {config.top_k})
     changes: list[tuple[str, Callable[[], MoeRunnerConfig]]] = [
         *((f"activation={a.value}", functools.partial(attrs.evolve, config, activation=a))
           for a in EXAMPLE_ACTIVATIONS if a != config.activation),
         *((f"routing={r.value}", functools.partial(attrs.evolve, config, routing_method=r))
           for r in example_routings(config.num_experts, config.top_k) if r != config.routing_method),
-        (f"top_k={top_k}", functools.partial(attrs.evolve, config, top_k=top_k)),
+        *((f"top_k={top_k}", functools.partial(attrs.evolve, config, top_k=top_k)) for top_k in top_ks),
         (f"routed_scaling_factor={factor:g}", functools.partial(attrs.evolve, config, routed_scaling_factor=factor)),
         (f"expert_biases={not config.expert_biases}",
          functools.partial(attrs.evolve, config, expert_biases=not config.expert_biases)),
     ]
     if config.num_local_experts == config.num_experts > 1:
         experts = config.num_experts
-        slices = {(experts - experts // 2, experts // 2), (max(1, experts // 4), max(1, experts // 2))}
+        slices = {(experts - experts // 2, experts // 2), (1, max(1, experts // 2))}
         for offset, local in sorted(slices, reverse=True):
             if offset + local <= experts:
                 changes.append((

@@ -526,6 +526,12 @@ class MoeCheckpoint:
         """
         keys = self.shared_expert_keys(layer)
         if not keys:
+            said = self.config.get("n_shared_experts") if self.names.shared_expert is not None else None
+            if isinstance(said, int) and not isinstance(said, bool) and said > 0:
+                raise ValueError(
+                    f"{self.block_prefix(layer)}.{self.names.shared_expert}: not in {self.directory}, and config.json's "
+                    f"n_shared_experts={said} adds it to every token (adversarial pass 21, a02: 0.58 off without it)"
+                )
             return None
         prefix = f"{self.block_prefix(layer)}.{self.names.shared_expert}."
         tensors = dict(self._read(keys))

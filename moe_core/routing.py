@@ -31,7 +31,7 @@ from moe_core._checks import (
     require_tensor,
     require_unwritten_since_built,
 )
-from moe_core._compile import run_eagerly
+from moe_core._compile import constructed_eagerly, run_eagerly
 from moe_core.config import (
     GroupedTopK,
     GroupScore,
@@ -52,6 +52,7 @@ class Unset(enum.Enum):
     UNSET = "unset"
 
 
+@constructed_eagerly
 @final
 @attrs.frozen(eq=False, kw_only=True)
 class Router:

@@ -1292,3 +1292,18 @@ def test_a_triton_quant_info_over_a_refilled_staging_buffer_is_refused_at_bindin
     staging_w13.copy_(torch.randn(2, 32, 32))  # the next layer's weights
     with pytest.raises(RuntimeError, match=r"TritonDenseWeights\.w13: written in place after its weights were built"):
         BoundRunner(moe_core.create_runner(TRITON_DENSE, config), first)
+
+
+def test_a_router_built_inside_a_compiled_forward_runs(gen: torch.Generator) -> None:
+    """Raw error (adversarial pass 21, a03b): a ``Router`` built inside a ``torch.compile``d forward failed inside
+    dynamo on attrs' frozen constructor, like the top-k's before it."""
+    config = _config(RoutingMethod.TOPK_RENORMALIZE, 2)
+    weight = torch.randn(E, H, generator=gen)
+
+    def routed(x: torch.Tensor) -> torch.Tensor:
+        return route(x, Router(weight=weight), config).topk_weights * 2
+
+    compiled = torch.compile(routed, backend="eager")
+    x = torch.randn(3, H, generator=gen)
+    assert torch.equal(compiled(x), routed(x))
+    torch._dynamo.reset()

@@ -41,10 +41,10 @@ def test_variants_cover_every_activation_and_routing_a_scaling_factor_and_expert
     assert {"sigmoid_topk", "grouped_topk", "grouped_topk_softmax", "llama4_sigmoid", "sparsemixer"} <= names
     assert len(names) == len(routings), "each routing variant has a name of its own in the table"
     assert variants[f"routed_scaling_factor={VARIANT_SCALING_FACTOR:g}"].routed_scaling_factor == VARIANT_SCALING_FACTOR
-    parallel, middle = variants["local_experts=4-7/8"], variants["local_experts=2-5/8"]
+    parallel, odd = variants["local_experts=4-7/8"], variants["local_experts=1-4/8"]
     assert (parallel.num_local_experts, parallel.local_expert_offset) == (4, 4)
-    assert (middle.num_local_experts, middle.local_expert_offset) == (4, 2)
-    assert variants["top_k=4"].top_k == 4
+    assert (odd.num_local_experts, odd.local_expert_offset) == (4, 1)
+    assert variants["top_k=1"].top_k == 1 and variants["top_k=8"].top_k == 8
     assert variants["expert_biases=True"].expert_biases
     for variant in variants.values():  # one field at a time (a slice of the experts is one)
         changed = [name for name in ("activation", "routing_method", "routed_scaling_factor", "num_local_experts",

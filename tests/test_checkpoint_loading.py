@@ -638,3 +638,17 @@ def test_the_scheme_is_read_from_the_config_group_that_targets_the_experts(tmp_p
     layer = checkpoint.load_layer(0)
     x = torch.randn(3, checkpoint.hidden_size).to(checkpoint.dtype)
     assert layer.apply(StandardDispatchOutput(x, route(x, checkpoint.router(0), layer.config))).isfinite().all()
+
+
+def test_shared_experts_missing_where_the_config_counts_them_are_refused(tmp_path: Path) -> None:
+    """Silent (adversarial pass 21, a02): a DeepSeek-V3 checkpoint whose config says ``n_shared_experts: 1`` without
+    its ``shared_experts`` tensors gave no shared expert, 0.58 off its model. Refused by name."""
+    copy = copy_checkpoint(FIXTURES / "deepseek_v3_fp8", tmp_path / "deepseek")
+    checkpoint = MoeCheckpoint(copy)
+    layer = checkpoint.moe_layers()[0]
+    keys = checkpoint.shared_expert_keys(layer)
+    assert keys and checkpoint.shared_expert(layer) is not None
+    tensors = load_file(copy / "model.safetensors")
+    save_file({key: value for key, value in tensors.items() if key not in keys}, copy / "model.safetensors")
+    with pytest.raises(ValueError, match=r"shared_experts: not in .*n_shared_experts=1 adds it to every token"):
+        MoeCheckpoint(copy).shared_expert(layer)
