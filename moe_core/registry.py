@@ -29,6 +29,7 @@ import functools
 import importlib
 import pkgutil
 import re
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -690,6 +691,8 @@ class _Slot:
     key: object
     """The key itself, compared by identity in :func:`create_runner`."""
     entry: BackendEntry
+    module: str = ""
+    """The module that registered it (its caller's), so that a plugin failing to import takes only its own names."""
 
 
 @final
@@ -765,8 +768,17 @@ def register_backend(
         _conversions=tuple(conversions),
         _priority=priority,
     )
-    _REGISTRY[name] = _Slot(key, _Registered(key))
+    _REGISTRY[name] = _Slot(key, _Registered(key), _registering_module())
     return key
+
+
+def _registering_module() -> str:
+    """The module whose top-level code made the registration in progress (the innermost one running, past any
+    helper function it called): the module a failed import takes the names of."""
+    frame = sys._getframe(2)
+    while frame.f_back is not None and frame.f_code.co_name != "<module>":
+        frame = frame.f_back
+    return str(frame.f_globals.get("__name__", ""))
 
 
 def _registered_key(name: str) -> BackendKey[QuantInfo]:
@@ -807,8 +819,12 @@ def _load(module: str, label: str) -> None:
     try:
         importlib.import_module(module)
     except Exception as error:  # a plugin may fail in any way: report it, load the rest
+        # its own names go, and those of modules that failed with it; another plugin's module that it imported and
+        # that loaded keeps its names (adversarial pass 21, a04: they vanished, the chosen backend changed unnamed)
         for name in set(_REGISTRY) - before:
-            del _REGISTRY[name]
+            registrar = _REGISTRY[name].module
+            if registrar == module or registrar.startswith(f"{module}.") or registrar not in sys.modules:
+                del _REGISTRY[name]
         _DISCOVERY.labels[label] = f"{type(error).__name__}: {error}"
     else:
         _DISCOVERY.labels[label] = None

@@ -393,6 +393,38 @@ def test_a_plugin_importing_the_reference_backends_loads_whatever_was_imported_f
     assert result.stdout.strip() == "{} True", result.stdout + result.stderr
 
 
+def test_a_plugin_failing_after_importing_another_takes_only_its_own_names(tmp_path: Path) -> None:
+    """Adversarial pass 21, a04: plugin A imported plugin B's module (which registered B's backend through a helper),
+    registered its own, then failed: its cleanup removed B's backend too, and choosing changed without a word. A's
+    names go, B's stay."""
+    (tmp_path / "helper21.py").write_text(
+        "from moe_core import DENSE, Priority, Tier, register_backend\n"
+        "from moe_core.backends.reference import REFERENCE_DENSE, reference_supports\n"
+        "from moe_core.conversion import Conversion\n"
+        "def _as_is(weights):\n"
+        "    return weights\n"
+        "def register(name):\n"
+        "    register_backend(name, description=name, factory=REFERENCE_DENSE.factory, supports=reference_supports,\n"
+        "                     priority=Priority(Tier.ORACLE, 99), conversions=(Conversion(DENSE, _as_is),))\n"
+    )
+    (tmp_path / "plugin21b.py").write_text("from helper21 import register\nregister('plugin21-b')\n")
+    (tmp_path / "plugin21a.py").write_text(
+        "import plugin21b\nfrom helper21 import register\nregister('plugin21-a')\nraise RuntimeError('A fails')\n"
+    )
+    info = tmp_path / "plugins21-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: plugins21\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\na = plugin21a\nb = plugin21b\n")
+    program = (
+        "from moe_core import DENSE, candidates, plugin_errors\n"
+        "names = [route.name for route in candidates(DENSE)]\n"
+        "print(sorted(plugin_errors()), 'plugin21-a' in names, 'plugin21-b' in names)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, env=env)
+    assert result.stdout.strip() == "['a'] False True", result.stdout + result.stderr
+
+
 def test_threads_asking_first_all_wait_for_the_whole_table() -> None:
     """Eight threads' first questions at once (adversarial pass 16, c03: seven found no backend, and a described
     sm90 was once given the oracle over the kernel): each sees every backend the process registers."""
