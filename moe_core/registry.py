@@ -692,7 +692,7 @@ class _Slot:
     """The key itself, compared by identity in :func:`create_runner`."""
     entry: BackendEntry
     module: str = ""
-    """The module that registered it (its caller's), so that a plugin failing to import takes only its own names."""
+    """The module whose top-level code registered it: a plugin failing to import keeps another plugin's names."""
 
 
 @final
@@ -819,11 +819,12 @@ def _load(module: str, label: str) -> None:
     try:
         importlib.import_module(module)
     except Exception as error:  # a plugin may fail in any way: report it, load the rest
-        # its own names go, and those of modules that failed with it; another plugin's module that it imported and
-        # that loaded keeps its names (adversarial pass 21, a04: they vanished, the chosen backend changed unnamed)
+        # every name registered while it imported goes, but another plugin's: a module of its own entry point that
+        # this one imported, and that loaded (adversarial pass 21, a04: its names vanished, the choice changed unnamed)
+        plugins = {entry.module for entry in entry_points(group=ENTRY_POINT_GROUP)} - {module}
         for name in set(_REGISTRY) - before:
             registrar = _REGISTRY[name].module
-            if registrar == module or registrar.startswith(f"{module}.") or registrar not in sys.modules:
+            if registrar not in plugins or registrar not in sys.modules:
                 del _REGISTRY[name]
         _DISCOVERY.labels[label] = f"{type(error).__name__}: {error}"
     else:
