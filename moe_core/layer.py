@@ -36,7 +36,6 @@ from moe_core.registry import BoundRunner, MoeForward, choose
 from moe_core.routing import Router, check_router, route, routing_summary
 
 
-
 @final
 @attrs.frozen(eq=False, kw_only=True)
 class SharedExpert:

@@ -976,9 +976,10 @@ def swap_moe_blocks(
     )
 
 
-_KNOWN_CODE = (
-    "transformers.", "torch.nn.modules.", "torch.nn.utils.prune", "torch.nn.utils.weight_norm", "torch.nn.utils.spectral_norm"
-)
+_WEIGHT_HOOKS = (BasePruningMethod, WeightNorm, SpectralNorm)
+"""The pre-hooks that compute a module's weight from its parts, which the swap runs before reading the weight."""
+
+_KNOWN_CODE = ("transformers.", "torch.nn.modules.", *(hook.__module__ for hook in _WEIGHT_HOOKS))
 """Where the forwards and hooks a swap may leave behind come from: transformers' own (its output-capturing hooks record
 router logits the swap refuses anyway), torch's standard modules' forwards, and the pruning, weight-norm and
 spectral-norm hooks, which the swap runs first (:func:`_recompute_hooked_weights`) so that it reads the weights they
@@ -1002,7 +1003,7 @@ def _recompute_hooked_weights(block: nn.Module) -> None:
     with torch.no_grad():
         for module in block.modules():
             for hook in list(module._forward_pre_hooks.values()):
-                if isinstance(hook, (BasePruningMethod, WeightNorm, SpectralNorm)):
+                if isinstance(hook, _WEIGHT_HOOKS):
                     hook(module, ())
 
 
